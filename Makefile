@@ -1,0 +1,38 @@
+# trajbus: `make demo` and `make test` work on a fresh machine from nothing.
+# They create .venv, install the locked dependencies, fetch the Apache Kafka
+# broker artifacts from Maven Central into ~/.cache/trajbus (outside the repo),
+# and then run the demo or the test suite.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+UV_VERSION := 0.13.9
+STAMP  := $(VENV)/.installed
+
+.PHONY: install broker demo test bench clean
+
+$(STAMP): pyproject.toml requirements.lock
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "trajbus needs Python 3.11, found " + sys.version' 
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet uv==$(UV_VERSION)
+	$(BIN)/uv pip install --python $(BIN)/python -r requirements.lock
+	$(BIN)/uv pip install --python $(BIN)/python --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Downloads the Kafka broker jars once (cached) so the first test does not pay for it.
+broker: install
+	$(BIN)/trajbus broker install
+
+demo: broker
+	$(BIN)/trajbus demo
+
+test: broker
+	$(BIN)/python -m pytest tests
+
+bench: broker
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,125 @@
+"""The trainer's view of trajbus: the next ready prompt group, FIFO by readiness.
+
+Reads ``{prefix}.groups.{channel}`` in one consumer group per channel. Offsets
+are stored only after a group has been handed to the caller, so a crash between
+fetching and using a group redelivers it (at-least-once); ``commit()`` makes the
+position durable at a point the trainer chooses.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, Producer
+
+from infra.bootstrap import resolve_bootstrap_servers
+from streams import codec
+from streams.dlq import dlq_headers
+from streams.records import ReadyGroup, Step
+from streams.topics import DEFAULT_PREFIX, dlq_topic, groups_topic, validate_channel
+
+log = logging.getLogger(__name__)
+
+
+class BatchConsumer:
+    """Fetches ready prompt groups of one channel."""
+
+    def __init__(
+        self,
+        channel: str = "train",
+        bootstrap_servers: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        group_id: str | None = None,
+        **config: Any,
+    ) -> None:
+        self.channel = validate_channel(channel)
+        self.prefix = prefix
+        self.topic = groups_topic(channel, prefix)
+        self.bootstrap_servers = resolve_bootstrap_servers(bootstrap_servers)
+        self.group_id = group_id or f"{prefix}.trainer.{channel}"
+        self._consumer = Consumer({
+            "bootstrap.servers": self.bootstrap_servers,
+            "logger": log,  # librdkafka logs as structured Python log lines, not raw stderr
+            "group.id": self.group_id,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": True,
+            "enable.auto.offset.store": False,  # stored by hand once a group was handed out
+            "fetch.wait.max.ms": 50,
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            **config,
+        })
+        self._consumer.subscribe([self.topic])
+        self._dlq: Producer | None = None
+
+    def fetch_group(self, timeout: float | None = None) -> ReadyGroup | None:
+        """The next ready group, or ``None`` if none arrives within ``timeout`` seconds
+        (``None``: wait as long as it takes)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = 1.0 if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            message = self._consumer.poll(min(remaining, 1.0))
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error on %s: %s", self.topic, message.error().str())
+                continue
+            group = self._decode(message)
+            self._consumer.store_offsets(message=message)
+            if group is not None:
+                return group
+
+    def fetch_batch(self, n_rollouts: int | None = None, timeout: float | None = None) -> list[Step] | None:
+        """The steps of the next ready group, ordered by (trajectory_uid, step_index)."""
+        group = self.fetch_group(timeout)
+        if group is None:
+            return None
+        if n_rollouts is not None and len(group.trajectory_uids) != n_rollouts:
+            raise ValueError(f"n_rollouts: group {group.prompt_uid} has {len(group.trajectory_uids)} "
+                             f"trajectories, the caller expects {n_rollouts}")
+        return group.steps
+
+    def _decode(self, message: Message) -> ReadyGroup | None:
+        """Decode a group; anything else goes to the DLQ (never silently dropped)."""
+        try:
+            record = codec.decode(message.value())
+            if not isinstance(record, ReadyGroup):
+                raise codec.DecodeError(f"a {type(record).__name__} does not belong on a groups topic")
+            return record
+        except ValueError as exc:
+            reason = f"undecodable: {exc}"
+        if self._dlq is None:
+            self._dlq = Producer({"bootstrap.servers": self.bootstrap_servers,
+                                  "enable.idempotence": True, "logger": log})
+        self._dlq.produce(dlq_topic(self.prefix), key=message.key(), value=message.value(),
+                          headers=dlq_headers(message.headers(), reason, message.topic(),
+                                              message.partition(), message.offset()))
+        if self._dlq.flush(30):
+            raise RuntimeError(f"could not write {message.topic()}@{message.offset()} to the DLQ")
+        log.warning("dlq topic=%s partition=%d offset=%d reason=%s",
+                    message.topic(), message.partition(), message.offset(), reason)
+        return None
+
+    def commit(self) -> None:
+        """Make the position after the last fetched group durable now."""
+        try:
+            self._consumer.commit(asynchronous=False)
+        except Exception as exc:  # noqa: BLE001 - nothing stored yet is not a failure
+            if "NO_OFFSET" not in str(exc):
+                raise
+
+    def close(self) -> None:
+        """Commit what was handed out and leave the consumer group."""
+        self._consumer.close()
+        if self._dlq is not None:
+            self._dlq.flush(30)
+
+    def __enter__(self) -> "BatchConsumer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

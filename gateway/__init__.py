@@ -1,0 +1,1 @@
+"""The FastAPI gateway through which agents reach the inference engine and trajbus."""

@@ -1,0 +1,339 @@
+"""The embedded single-node Apache Kafka broker (KRaft mode) on loopback.
+
+The broker is the real Apache Kafka server: its jars are fetched from Maven
+Central with ``mvn`` into a cache directory outside the repository, its storage
+is formatted once, and it runs as a detached JVM so that it outlives the command
+that started it (``trajbus broker up``) until ``trajbus broker down``.
+
+Production users never touch this module: they pass ``--bootstrap-servers`` (or
+set ``TRAJBUS_BOOTSTRAP_SERVERS``) and point trajbus at their own cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+from infra.paths import default_state_dir, trajbus_cache_dir
+
+log = logging.getLogger(__name__)
+
+KAFKA_VERSION = "3.9.1"
+"""Kafka 3.9 is the last line that still speaks the older protocol versions that
+aiokafka (and so Faust) negotiates; 4.x removed them. KRaft is complete in 3.9."""
+
+HOST = "127.0.0.1"
+
+# Broker settings sized for one node on a small machine. Retention checks run
+# every few seconds so that the retention bounds on `groups` topics (trajbus's
+# backpressure) are enforced promptly rather than every 5 minutes.
+_BROKER_PROPERTIES = {
+    "process.roles": "broker,controller",
+    "node.id": "1",
+    "controller.listener.names": "CONTROLLER",
+    "inter.broker.listener.name": "PLAINTEXT",
+    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    "auto.create.topics.enable": "false",
+    "num.partitions": "1",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "8",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "8",
+    "group.initial.rebalance.delay.ms": "0",
+    "log.retention.check.interval.ms": "5000",
+    "message.max.bytes": str(64 * 1024 * 1024),
+    "replica.fetch.max.bytes": str(64 * 1024 * 1024),
+    "num.network.threads": "2",
+    "num.io.threads": "4",
+}
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not be installed, started or stopped."""
+
+
+@dataclass
+class BrokerState:
+    """What a running embedded broker left on disk for other processes to find."""
+
+    pid: int
+    host: str
+    port: int
+    controller_port: int
+    version: str
+    data_dir: str
+    log_file: str
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); treat it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True
+
+
+class EmbeddedKafka:
+    """Install, start, probe and stop one single-node KRaft broker.
+
+    ``state_dir`` holds the data directory, the generated configuration, the log
+    and ``state.json`` (how other processes find the running broker).
+    ``cache_dir`` holds the downloaded jars, shared by every state directory.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path | str | None = None,
+        cache_dir: Path | str | None = None,
+        version: str = KAFKA_VERSION,
+        heap: str = "768m",
+    ) -> None:
+        self.state_dir = Path(state_dir) if state_dir else default_state_dir()
+        self.cache_dir = Path(cache_dir) if cache_dir else trajbus_cache_dir()
+        self.version = version
+        self.heap = heap
+
+    # -- paths -------------------------------------------------------------
+    @property
+    def libs_dir(self) -> Path:
+        return self.cache_dir / "kafka" / self.version / "libs"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.state_dir / "data"
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.state_dir / "broker.log"
+
+    # -- install -------------------------------------------------------------
+    def is_installed(self) -> bool:
+        return (self.libs_dir / f"kafka_2.13-{self.version}.jar").exists()
+
+    def install(self) -> Path:
+        """Fetch the broker jars from Maven Central once; later calls are free."""
+        if self.is_installed():
+            return self.libs_dir
+        for tool in ("java", "mvn"):
+            if shutil.which(tool) is None:
+                raise BrokerError(
+                    f"`{tool}` is not on PATH: the embedded Apache Kafka broker needs "
+                    "Java 17+ and Maven, or pass --bootstrap-servers to use an existing cluster"
+                )
+        self.libs_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="libs-", dir=self.libs_dir.parent))
+        pom = resources.files("infra").joinpath("kafka/pom.xml").read_text()
+        (staging / "pom.xml").write_text(pom.replace("${kafka.version}", self.version))
+        log.info("fetching Apache Kafka %s from Maven Central into %s", self.version, self.libs_dir)
+        cmd = [
+            "mvn", "-B", "-q", "-f", str(staging / "pom.xml"),
+            "dependency:copy-dependencies", "-DincludeScope=runtime",
+            f"-DoutputDirectory={staging / 'libs'}",
+        ]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise BrokerError(
+                f"mvn could not fetch Apache Kafka {self.version}:\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+            )
+        # Rename is atomic: a concurrent or interrupted install never leaves half a libs dir.
+        try:
+            (staging / "libs").rename(self.libs_dir)
+        except OSError:
+            if not self.is_installed():
+                raise
+        shutil.rmtree(staging, ignore_errors=True)
+        return self.libs_dir
+
+    # -- state ---------------------------------------------------------------
+    def read_state(self) -> BrokerState | None:
+        try:
+            return BrokerState(**json.loads(self.state_file.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def status(self) -> BrokerState | None:
+        """The running broker's state, or None (a stale state file is removed)."""
+        state = self.read_state()
+        if state is None:
+            return None
+        if not _pid_alive(state.pid):
+            self.state_file.unlink(missing_ok=True)
+            return None
+        return state
+
+    # -- start / stop --------------------------------------------------------
+    def _java_command(self, *args: str) -> list[str]:
+        log4j = self.state_dir / "log4j.properties"
+        return [
+            "java", f"-Xmx{self.heap}", "-Xms128m", "-XX:+UseG1GC",
+            "-Djava.awt.headless=true", f"-Dlog4j.configuration=file:{log4j}",
+            "-cp", str(self.libs_dir / "*"), *args,
+        ]
+
+    def _write_config(self, port: int, controller_port: int) -> Path:
+        props = dict(_BROKER_PROPERTIES)
+        props.update({
+            "controller.quorum.voters": f"1@{HOST}:{controller_port}",
+            "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+            "log.dirs": str(self.data_dir),
+        })
+        config = self.state_dir / "server.properties"
+        config.write_text("".join(f"{key}={value}\n" for key, value in props.items()))
+        log4j = resources.files("infra").joinpath("kafka/log4j.properties").read_text()
+        (self.state_dir / "log4j.properties").write_text(log4j)
+        return config
+
+    def _choose_ports(self) -> tuple[int, int]:
+        """Reuse the ports of the previous run when free, so clients keep their address."""
+        previous = self.state_dir / "ports.json"
+        try:
+            ports = json.loads(previous.read_text())
+            if _port_is_free(ports["port"]) and _port_is_free(ports["controller_port"]):
+                return ports["port"], ports["controller_port"]
+        except (OSError, ValueError, KeyError):
+            pass
+        port, controller_port = _free_port(), _free_port()
+        while controller_port == port:
+            controller_port = _free_port()
+        previous.write_text(json.dumps({"port": port, "controller_port": controller_port}))
+        return port, controller_port
+
+    def _format_storage(self, config: Path) -> None:
+        if (self.data_dir / "meta.properties").exists():
+            return
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        result = subprocess.run(
+            self._java_command("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
+            capture_output=True, text=True,
+        )
+        if result.returncode != 0:
+            raise BrokerError(f"formatting Kafka storage failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+
+    def start(self, fresh: bool = False, timeout: float = 90.0) -> BrokerState:
+        """Start the broker (or return the one already running) and wait until it serves."""
+        running = self.status()
+        if running is not None:
+            return running
+        self.install()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if fresh and self.data_dir.exists():
+            shutil.rmtree(self.data_dir)
+        port, controller_port = self._choose_ports()
+        config = self._write_config(port, controller_port)
+        self._format_storage(config)
+        with open(self.log_file, "ab") as out:
+            process = subprocess.Popen(
+                self._java_command("kafka.Kafka", str(config)),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,  # outlives `trajbus broker up`; Ctrl-C there does not kill it
+            )
+        state = BrokerState(
+            pid=process.pid, host=HOST, port=port, controller_port=controller_port,
+            version=self.version, data_dir=str(self.data_dir), log_file=str(self.log_file),
+        )
+        self.state_file.write_text(json.dumps(asdict(state)))
+        try:
+            self._wait_ready(process, state, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("kafka broker ready at %s (pid %d)", state.bootstrap_servers, state.pid)
+        return state
+
+    def _wait_ready(self, process: subprocess.Popen, state: BrokerState, timeout: float) -> None:
+        """Ready means a real client got cluster metadata back, not that a port opened."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": state.bootstrap_servers, "log_level": 0,
+                             "logger": logging.getLogger("infra.kafka_broker.probe")})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise BrokerError(f"kafka broker exited with {process.returncode}:\n{self._log_tail()}")
+            try:
+                if admin.list_topics(timeout=1.0).brokers:
+                    return
+            except Exception:  # noqa: BLE001 - not up yet; the deadline bounds the wait
+                pass
+            time.sleep(0.2)
+        raise BrokerError(f"kafka broker not ready after {timeout:.0f}s:\n{self._log_tail()}")
+
+    def _log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no broker log)"
+
+    def stop(self, timeout: float = 60.0) -> bool:
+        """Stop the broker with a controlled shutdown; SIGKILL only past the timeout."""
+        state = self.read_state()
+        if state is None:
+            return False
+        stopped = False
+        if _pid_alive(state.pid):
+            os.kill(state.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while _pid_alive(state.pid) and time.monotonic() < deadline:
+                _reap(state.pid)
+                time.sleep(0.1)
+            if _pid_alive(state.pid):
+                log.warning("kafka broker did not stop in %.0fs; killing it", timeout)
+                os.kill(state.pid, signal.SIGKILL)
+            _reap(state.pid)
+            stopped = True
+        self.state_file.unlink(missing_ok=True)
+        return stopped
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status when the broker is our own child (tests, demo)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+

@@ -1,0 +1,167 @@
+"""Topic provisioning and inspection against any Kafka cluster.
+
+Knows nothing of trajbus's topic names: callers pass ``TopicSpec`` s (the names
+and settings live with the wire contract in ``streams.topics``). Provisioning is
+idempotent: missing topics are created, existing ones get their configs set to
+the spec and their partitions raised to it (never lowered: Kafka cannot).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewPartitions,
+    NewTopic,
+    ResourceType,
+)
+from confluent_kafka.error import KafkaError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One topic as it should exist: name, partition count and topic configs."""
+
+    name: str
+    partitions: int
+    config: dict[str, str] = field(default_factory=dict)
+    replication_factor: int = 1
+
+
+@dataclass
+class TopicInfo:
+    """One topic as it exists: partitions with their offsets, and its explicit configs."""
+
+    name: str
+    partitions: int
+    start_offsets: list[int]
+    end_offsets: list[int]
+    config: dict[str, str]
+
+    @property
+    def records(self) -> int:
+        """Records currently retained (end minus start, summed over partitions)."""
+        return sum(end - start for start, end in zip(self.start_offsets, self.end_offsets))
+
+
+def admin_client(bootstrap_servers: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap_servers, "logger": log})
+
+
+def _wait(futures: dict, what: str, ignore: tuple[int, ...] = ()) -> None:
+    for key, future in futures.items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.code() in ignore:
+                continue
+            raise RuntimeError(f"{what} {key}: {error.str()}") from exc
+
+
+def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec], timeout: float = 30.0) -> list[str]:
+    """Make every spec true on the cluster; return the names that were created."""
+    admin = admin_client(bootstrap_servers)
+    existing = admin.list_topics(timeout=timeout).topics
+    missing = [spec for spec in specs if spec.name not in existing]
+    if missing:
+        futures = admin.create_topics(
+            [NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication_factor,
+                      config=dict(s.config)) for s in missing],
+            operation_timeout=timeout, request_timeout=timeout,
+        )
+        # Another process may create the same topic at the same moment: that is success too.
+        _wait(futures, "creating topic", ignore=(KafkaError.TOPIC_ALREADY_EXISTS,))
+        _wait_for_leaders(admin, [s.name for s in missing], timeout)
+        log.info("created topics %s", ", ".join(s.name for s in missing))
+
+    present = [spec for spec in specs if spec.name in existing]
+    grow = [s for s in present if len(existing[s.name].partitions) < s.partitions]
+    if grow:
+        _wait(admin.create_partitions([NewPartitions(s.name, s.partitions) for s in grow],
+                                      request_timeout=timeout), "adding partitions to")
+    with_config = [s for s in present if s.config]
+    if with_config:
+        resources = [
+            ConfigResource(ResourceType.TOPIC, s.name, incremental_configs=[
+                ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in s.config.items()
+            ])
+            for s in with_config
+        ]
+        _wait(admin.incremental_alter_configs(resources, request_timeout=timeout), "configuring topic")
+    return [s.name for s in missing]
+
+
+_LEADERLESS = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+               KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
+def _wait_for_leaders(admin: AdminClient, names: list[str], timeout: float) -> None:
+    """A created topic is usable once every partition has a leader; wait for that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        topics = admin.list_topics(timeout=timeout).topics
+        if all(name in topics and topics[name].error is None and topics[name].partitions
+               and all(p.leader >= 0 for p in topics[name].partitions.values()) for name in names):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topics {names} have no leaders after {timeout}s")
+        time.sleep(0.1)
+
+
+def _watermarks(probe: Consumer, partition: TopicPartition, timeout: float) -> tuple[int, int]:
+    """Log start and end offsets; retried while a new partition's leader is being elected."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return probe.get_watermark_offsets(partition, timeout=timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _LEADERLESS or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def describe_topics(bootstrap_servers: str, names: list[str] | None = None, prefix: str | None = None,
+                    timeout: float = 10.0) -> list[TopicInfo]:
+    """Partitions, retained offsets and explicitly set configs of the named topics."""
+    admin = admin_client(bootstrap_servers)
+    metadata = admin.list_topics(timeout=timeout).topics
+    chosen = sorted(
+        name for name in metadata
+        if (names is None or name in names) and (prefix is None or name.startswith(prefix))
+    )
+    if not chosen:
+        return []
+    config_futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in chosen],
+                                            request_timeout=timeout)
+    configs: dict[str, dict[str, str]] = {}
+    for resource, future in config_futures.items():
+        entries = future.result()
+        configs[resource.name] = {
+            key: entry.value for key, entry in entries.items()
+            if entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+        }
+    probe = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "trajbus.describe", "logger": log,
+                      "enable.auto.commit": False})
+    try:
+        infos = []
+        for name in chosen:
+            starts, ends = [], []
+            for partition in sorted(metadata[name].partitions):
+                low, high = _watermarks(probe, TopicPartition(name, partition), timeout)
+                starts.append(low)
+                ends.append(high)
+            infos.append(TopicInfo(name, len(starts), starts, ends, configs.get(name, {})))
+        return infos
+    finally:
+        probe.close()

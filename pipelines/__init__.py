@@ -1,0 +1,1 @@
+"""Data sources, rollout loops, the orchestrated demo and the `trajbus` CLI."""

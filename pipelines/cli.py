@@ -1,0 +1,200 @@
+"""The ``trajbus`` command line.
+
+Every subcommand finds the broker the same way: ``--bootstrap-servers``, else
+``TRAJBUS_BOOTSTRAP_SERVERS``, else the embedded broker of ``trajbus broker up``.
+Bad input is one line on stderr and exit code 2; a failure at run time is exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Callable
+
+from infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
+from infra.kafka_broker import BrokerError, EmbeddedKafka
+from infra.topics import describe_topics, ensure_topics
+from streams.topics import DEFAULT_CHANNELS, DEFAULT_PREFIX, TopicSettings, validate_channel
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Input the user must fix; printed as one line, exit code 2."""
+
+
+def _channels(text: str) -> tuple[str, ...]:
+    try:
+        return tuple(validate_channel(c.strip()) for c in text.split(",") if c.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _channel_size(text: str) -> tuple[str, int]:
+    channel, _, size = text.partition("=")
+    try:
+        return validate_channel(channel), int(size)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected CHANNEL=N, got {text!r}") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _topic_settings(args: argparse.Namespace) -> TopicSettings:
+    try:
+        return TopicSettings(prefix=args.prefix, steps_partitions=args.steps_partitions,
+                             groups_partitions=args.groups_partitions)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+# -- broker ---------------------------------------------------------------------
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    broker = EmbeddedKafka(state_dir=args.state_dir)
+    if args.action == "install":
+        print(f"kafka {broker.version} jars: {broker.install()}")
+        return 0
+    if args.action == "up":
+        if not broker.is_installed():
+            print(f"fetching Apache Kafka {broker.version} from Maven Central (once) ...", flush=True)
+        running = broker.status()
+        if running is None:
+            print(f"starting kafka {broker.version} (KRaft, single node) in {broker.state_dir} ...", flush=True)
+        state = broker.start(fresh=args.fresh)
+        print(f"kafka {state.version} running, pid {state.pid}, log {state.log_file}")
+        print(state.bootstrap_servers)  # the last line is the address, by contract
+        return 0
+    if args.action == "down":
+        print("kafka broker stopped" if broker.stop() else "kafka broker was not running")
+        return 0
+    state = broker.status()
+    if state is None:
+        print(f"kafka broker not running (state dir {broker.state_dir})")
+        return 1
+    print(f"kafka {state.version} running, pid {state.pid}, data {state.data_dir}")
+    print(state.bootstrap_servers)
+    return 0
+
+
+# -- topics ---------------------------------------------------------------------
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    servers = resolve_bootstrap_servers(args.bootstrap_servers)
+    settings = _topic_settings(args)
+    if args.create:
+        created = ensure_topics(servers, settings.specs(args.channels))
+        print(f"provisioned {len(settings.specs(args.channels))} topics ({len(created)} new)")
+    infos = describe_topics(servers, prefix=f"{settings.prefix}.")
+    if not infos:
+        print(f"no topics under prefix {settings.prefix!r} (create them with --create)")
+        return 0
+    width = max(len(info.name) for info in infos)
+    print(f"{'topic':<{width}}  partitions  {'records':>9}  {'end offsets':<20}  configs")
+    for info in infos:
+        ends = ",".join(map(str, info.end_offsets))
+        configs = " ".join(f"{k}={v}" for k, v in sorted(info.config.items()))
+        print(f"{info.name:<{width}}  {info.partitions:>10}  {info.records:>9}  {ends:<20}  {configs}")
+    return 0
+
+
+# -- worker ---------------------------------------------------------------------
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from streams.app import WorkerSettings
+    from streams.worker import run_worker
+
+    try:
+        settings = WorkerSettings(topics=_topic_settings(args), channels=args.channels,
+                                  default_n_rollouts=args.n_rollouts,
+                                  channel_n_rollouts=dict(args.channel_n_rollouts or []))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    run_worker(settings, args.bootstrap_servers, loglevel=args.faust_loglevel)
+    return 0
+
+
+# -- demo -----------------------------------------------------------------------
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pipelines.demo import run_demo
+
+    return run_demo(bootstrap_servers=args.bootstrap_servers, n_groups=args.groups,
+                    n_rollouts=args.n_rollouts, steps_per_trajectory=args.steps)
+
+
+# -- parser ---------------------------------------------------------------------
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (HOST:PORT[,HOST:PORT])")
+    parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)")
+    parser.add_argument("--steps-partitions", type=_positive, default=TopicSettings.steps_partitions)
+    parser.add_argument("--groups-partitions", type=_positive, default=TopicSettings.groups_partitions)
+    parser.add_argument("--channels", type=_channels, default=DEFAULT_CHANNELS,
+                        help="comma-separated channel names (default: train,val)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trajbus", description="The Kafka data plane of agentic RL.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    broker = sub.add_parser("broker", help="the embedded single-node Apache Kafka broker")
+    broker.add_argument("action", choices=["up", "down", "status", "install"])
+    broker.add_argument("--state-dir", help="where the broker keeps data, log and address "
+                                            "(default: $TRAJBUS_STATE_DIR or ~/.cache/trajbus/broker)")
+    broker.add_argument("--fresh", action="store_true", help="wipe the data directory before starting")
+    broker.set_defaults(func=cmd_broker)
+
+    topics = sub.add_parser("topics", help="list (and with --create, provision) trajbus topics")
+    _add_common(topics)
+    topics.add_argument("--create", action="store_true", help="provision the topics of --channels first")
+    topics.set_defaults(func=cmd_topics)
+
+    worker = sub.add_parser("worker", help="the Faust stream processor that assembles prompt groups")
+    _add_common(worker)
+    worker.add_argument("--n-rollouts", type=_positive, default=4,
+                        help="default group size when a group registers none (default: %(default)s)")
+    worker.add_argument("--channel-n-rollouts", type=_channel_size, action="append", metavar="CHANNEL=N",
+                        help="group size default of one channel (repeatable)")
+    worker.add_argument("--faust-loglevel", default="WARNING")
+    worker.set_defaults(func=cmd_worker)
+
+    demo = sub.add_parser("demo", help="broker + worker + producer + consumer, end to end")
+    demo.add_argument("--bootstrap-servers", help="use this cluster instead of a throw-away embedded broker")
+    demo.add_argument("--groups", type=_positive, default=8)
+    demo.add_argument("--n-rollouts", type=_positive, default=4)
+    demo.add_argument("--steps", type=_positive, default=3, help="steps per trajectory")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except UsageError as exc:
+        print(f"trajbus {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (BrokerNotFound, BrokerError) as exc:
+        print(f"trajbus {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The wire contract (records, codec, topic names) and the Faust app that assembles groups."""

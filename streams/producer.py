@@ -1,0 +1,173 @@
+"""The Python producer API: submit steps and trajectory ends, acknowledged by the broker.
+
+Every call validates all of its records before producing any (nothing partial
+reaches Kafka), keys them by ``prompt_uid`` (one partition per prompt group, so
+order within a group is kept), and returns only once the broker acknowledged
+each record with ``acks=all`` on an idempotent producer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any, Iterable, Mapping
+
+from confluent_kafka import KafkaError, Producer
+
+from infra.bootstrap import resolve_bootstrap_servers
+from infra.topics import ensure_topics
+from streams import codec
+from streams.records import Step, TrajectoryEnd
+from streams.topics import DEFAULT_PREFIX, TopicSettings, steps_topic, validate_channel
+
+log = logging.getLogger(__name__)
+
+
+class DeliveryError(RuntimeError):
+    """The broker did not acknowledge every record of a call."""
+
+
+class _Acks:
+    """Delivery reports of one call; callbacks may run on any thread that polls."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.delivered = 0
+        self.errors: list[KafkaError] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, error: KafkaError | None, _message: Any) -> None:
+        with self.lock:
+            if error is None:
+                self.delivered += 1
+            else:
+                self.errors.append(error)
+
+    @property
+    def settled(self) -> bool:
+        return self.delivered + len(self.errors) >= self.expected
+
+
+def _as_step(step: Step | Mapping[str, Any], channel: str) -> Step:
+    if isinstance(step, Mapping):
+        step = Step.from_dict(step)
+    elif not isinstance(step, Step):
+        raise ValueError(f"steps: expected Step or dict, got {type(step).__name__}")
+    else:
+        step.validate()
+    if step.channel is None:
+        return dataclasses.replace(step, channel=channel)
+    if step.channel != channel:
+        raise ValueError(f"channel: step {step.trajectory_uid}#{step.step_index} says {step.channel!r} "
+                         f"but was submitted to {channel!r}")
+    return step
+
+
+class StepProducer:
+    """Publishes step events to ``{prefix}.steps.{channel}``.
+
+    Topics of a channel are provisioned on its first use (idempotent), so a new
+    channel works without a separate set-up step.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        settings: TopicSettings | None = None,
+        timeout: float = 30.0,
+        provision_topics: bool = True,
+        **config: Any,
+    ) -> None:
+        self.bootstrap_servers = resolve_bootstrap_servers(bootstrap_servers)
+        self.settings = settings or TopicSettings(prefix=prefix)
+        self.prefix = self.settings.prefix
+        self.timeout = timeout
+        self.provision_topics = provision_topics
+        self._provisioned: set[str] = set()
+        self._provision_lock = threading.Lock()
+        self._producer = Producer({
+            "bootstrap.servers": self.bootstrap_servers,
+            "logger": log,  # librdkafka logs as structured Python log lines, not raw stderr
+            "enable.idempotence": True,  # acks=all, no duplicates from internal retries
+            "linger.ms": 1,
+            "compression.type": "lz4",
+            # murmur2 is the Java client's partitioner: every producer of a topic,
+            # in any language, must put one prompt_uid on the same partition.
+            "partitioner": "murmur2_random",
+            "message.max.bytes": self.settings.max_message_bytes,
+            **config,
+        })
+
+    def provision(self, channel: str) -> None:
+        """Create the channel's topics if missing (idempotent; done once per channel)."""
+        validate_channel(channel)
+        with self._provision_lock:
+            if channel not in self._provisioned:
+                ensure_topics(self.bootstrap_servers,
+                              self.settings.shared_specs() + self.settings.channel_specs(channel))
+                self._provisioned.add(channel)
+
+    def _topic(self, channel: str) -> str:
+        topic = steps_topic(validate_channel(channel), self.prefix)
+        if self.provision_topics and channel not in self._provisioned:
+            self.provision(channel)
+        return topic
+
+    def _publish(self, topic: str, records: list[Step | TrajectoryEnd]) -> int:
+        acks = _Acks(len(records))
+        for record in records:
+            payload = codec.encode(record)
+            while True:
+                try:
+                    self._producer.produce(topic, key=record.prompt_uid.encode(), value=payload,
+                                           headers=codec.headers_for(record), on_delivery=acks)
+                    break
+                except BufferError:  # local queue full: serve delivery reports, then retry
+                    self._producer.poll(0.05)
+        deadline = time.monotonic() + self.timeout
+        while not acks.settled:
+            if time.monotonic() > deadline:
+                raise DeliveryError(f"{acks.expected - acks.delivered} of {acks.expected} records to {topic} "
+                                    f"not acknowledged within {self.timeout}s")
+            self._producer.poll(0.05)
+        if acks.errors:
+            raise DeliveryError(f"{len(acks.errors)} of {acks.expected} records to {topic} failed: "
+                                f"{acks.errors[0].str()}")
+        return acks.delivered
+
+    def submit_steps(self, steps: Iterable[Step | Mapping[str, Any]], channel: str = "train") -> int:
+        """Publish steps (``Step`` or dicts); returns how many the broker acknowledged."""
+        validate_channel(channel)
+        records = [_as_step(step, channel) for step in steps]  # all validated before any is sent
+        if not records:
+            return 0
+        return self._publish(self._topic(channel), records)
+
+    def complete_trajectory(
+        self,
+        trajectory_uid: str,
+        prompt_uid: str,
+        reward: float | None = None,
+        channel: str = "train",
+        n_rollouts: int | None = None,
+        metadata: dict | None = None,
+    ) -> None:
+        """Mark a trajectory complete; ``reward``, when given, lands on its last step."""
+        end = TrajectoryEnd(trajectory_uid=trajectory_uid, prompt_uid=prompt_uid, reward=reward,
+                            channel=validate_channel(channel), n_rollouts=n_rollouts,
+                            metadata=metadata or {}).validate()
+        self._publish(self._topic(channel), [end])
+
+    def close(self) -> None:
+        remaining = self._producer.flush(self.timeout)
+        if remaining:
+            log.warning("producer closed with %d undelivered records", remaining)
+
+    def __enter__(self) -> "StepProducer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

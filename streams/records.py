@@ -1,0 +1,193 @@
+"""The records that flow through trajbus, and what makes each one valid.
+
+``Step``          one LLM call of one trajectory, token-exact (steps topics)
+``TrajectoryEnd`` marks a trajectory complete, optionally with its reward (steps topics)
+``ReadyGroup``    every step of every trajectory of one prompt group (groups topics)
+
+Validation lives here, with the records, so that every entry point (the Python
+producer, the gateway, replay) refuses the same bad input with the same message:
+a ``ValueError`` whose text starts with the offending field's name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from streams.topics import validate_channel
+
+_U32 = 2**32
+_I64 = 2**63
+
+
+def _check_str(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name}: must be a non-empty string, got {value!r}")
+    return value
+
+
+def _check_int(name: str, value: object, low: int = 0, high: int = _U32) -> int:
+    if type(value) is not int or not low <= value < high:  # bool is not an int here
+        raise ValueError(f"{name}: must be an integer in [{low}, {high}), got {value!r}")
+    return value
+
+
+def _check_float(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}: must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _check_token_ids(name: str, ids: object) -> list[int]:
+    if not isinstance(ids, (list, tuple)):
+        raise ValueError(f"{name}: must be a list of token ids, got {type(ids).__name__}")
+    for position, token in enumerate(ids):
+        if type(token) is not int or not 0 <= token < _U32:
+            raise ValueError(f"{name}[{position}]: token ids are integers in [0, 2**32), got {token!r}")
+    return list(ids)
+
+
+def _check_metadata(name: str, metadata: object) -> dict:
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{name}: must be a dict, got {type(metadata).__name__}")
+    try:
+        json.dumps(metadata, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name}: must be JSON-serialisable ({exc})") from None
+    return metadata
+
+
+def _check_n_rollouts(value: object) -> int | None:
+    if value is None:
+        return None
+    return _check_int("n_rollouts", value, low=1)
+
+
+def _from_mapping(cls: type, data: Mapping[str, Any], required: tuple[str, ...]) -> Any:
+    """Build a record from a dict (JSON bodies): missing or unknown fields are named."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
+    for name in required:
+        if name not in data:
+            raise ValueError(f"{name}: required field is missing")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{unknown[0]}: unknown field of {cls.__name__}")
+    record = cls(**data)
+    record.validate()
+    return record
+
+
+@dataclass
+class Step:
+    """One LLM call: the exact prompt and response token ids, and where it belongs."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    trajectory_uid: str
+    prompt_uid: str
+    step_index: int = 0
+    reward: float = 0.0
+    policy_version: int = 0
+    is_last: bool = False
+    metadata: dict = field(default_factory=dict)
+    rollout_log_probs: list[float] | None = None
+    """One log-probability per response token, as the inference engine sampled it."""
+    created_at: float = field(default_factory=time.time)
+    """Unix time in seconds when the step was created."""
+    channel: str | None = None
+    """Set by the producer from the topic's channel; a mismatch is refused."""
+    n_rollouts: int | None = None
+    """The expected group size, when the submitter registers it; else the channel default."""
+
+    REQUIRED = ("prompt_ids", "response_ids", "trajectory_uid", "prompt_uid")
+
+    def validate(self) -> "Step":
+        _check_token_ids("prompt_ids", self.prompt_ids)
+        _check_token_ids("response_ids", self.response_ids)
+        _check_str("trajectory_uid", self.trajectory_uid)
+        _check_str("prompt_uid", self.prompt_uid)
+        _check_int("step_index", self.step_index)
+        _check_float("reward", self.reward)
+        _check_int("policy_version", self.policy_version, low=-_I64, high=_I64)
+        if not isinstance(self.is_last, bool):
+            raise ValueError(f"is_last: must be a boolean, got {self.is_last!r}")
+        _check_metadata("metadata", self.metadata)
+        if self.rollout_log_probs is not None:
+            if not isinstance(self.rollout_log_probs, (list, tuple)):
+                raise ValueError("rollout_log_probs: must be a list of floats or null")
+            if len(self.rollout_log_probs) != len(self.response_ids):
+                raise ValueError(
+                    f"rollout_log_probs: has {len(self.rollout_log_probs)} values for "
+                    f"{len(self.response_ids)} response tokens (need one per token)"
+                )
+            for position, value in enumerate(self.rollout_log_probs):
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                    raise ValueError(f"rollout_log_probs[{position}]: must be a number, got {value!r}")
+        _check_float("created_at", self.created_at)
+        if self.channel is not None:
+            validate_channel(self.channel)
+        _check_n_rollouts(self.n_rollouts)
+        return self
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Step":
+        return _from_mapping(cls, data, cls.REQUIRED)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """Identity of a step: a redelivered step has the same key."""
+        return (self.trajectory_uid, self.step_index)
+
+
+@dataclass
+class TrajectoryEnd:
+    """Marks a trajectory complete; a given ``reward`` lands on its last step."""
+
+    trajectory_uid: str
+    prompt_uid: str
+    reward: float | None = None
+    created_at: float = field(default_factory=time.time)
+    channel: str | None = None
+    n_rollouts: int | None = None
+    metadata: dict = field(default_factory=dict)
+
+    REQUIRED = ("trajectory_uid", "prompt_uid")
+
+    def validate(self) -> "TrajectoryEnd":
+        _check_str("trajectory_uid", self.trajectory_uid)
+        _check_str("prompt_uid", self.prompt_uid)
+        if self.reward is not None:
+            _check_float("reward", self.reward)
+        _check_float("created_at", self.created_at)
+        if self.channel is not None:
+            validate_channel(self.channel)
+        _check_n_rollouts(self.n_rollouts)
+        _check_metadata("metadata", self.metadata)
+        return self
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TrajectoryEnd":
+        return _from_mapping(cls, data, cls.REQUIRED)
+
+
+@dataclass
+class ReadyGroup:
+    """A prompt group ready for training: its steps ordered by (trajectory_uid, step_index)."""
+
+    prompt_uid: str
+    channel: str
+    steps: list[Step]
+    n_rollouts: int
+    ready_at: float = field(default_factory=time.time)
+    status: str = "complete"
+    """``complete``, or ``partial`` when emitted after a timeout with fewer trajectories."""
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def trajectory_uids(self) -> list[str]:
+        return sorted({step.trajectory_uid for step in self.steps})

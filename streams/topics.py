@@ -1,0 +1,122 @@
+"""Topic names, channel names, and the one settings object that sizes the topics.
+
+``{prefix}.steps.{channel}``  step events, key = prompt_uid
+``{prefix}.groups.{channel}`` ready prompt groups; retention is the backpressure
+``{prefix}.policy``           the trainer's policy version (compacted)
+``{prefix}.dlq``              records that could not be processed, with the reason
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from infra.topics import TopicSpec
+
+DEFAULT_PREFIX = "trajbus"
+DEFAULT_CHANNELS = ("train", "val")
+
+_CHANNEL = re.compile(r"[a-z0-9_-]{1,64}")
+_PREFIX = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+
+
+def validate_channel(channel: object) -> str:
+    """Channel names become topic names, so they are restricted to ``[a-z0-9_-]{1,64}``."""
+    if not isinstance(channel, str) or not _CHANNEL.fullmatch(channel):
+        raise ValueError(f"channel: {channel!r} is not a valid channel name (expected [a-z0-9_-]{{1,64}})")
+    return channel
+
+
+def validate_prefix(prefix: object) -> str:
+    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+        raise ValueError(f"prefix: {prefix!r} is not a valid topic prefix")
+    return prefix
+
+
+def steps_topic(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
+    return f"{prefix}.steps.{validate_channel(channel)}"
+
+
+def groups_topic(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
+    return f"{prefix}.groups.{validate_channel(channel)}"
+
+
+def policy_topic(prefix: str = DEFAULT_PREFIX) -> str:
+    return f"{prefix}.policy"
+
+
+def dlq_topic(prefix: str = DEFAULT_PREFIX) -> str:
+    return f"{prefix}.dlq"
+
+
+def channel_of(topic: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The channel a steps or groups topic belongs to (``ValueError`` for other topics)."""
+    for kind in ("steps", "groups"):
+        head = f"{prefix}.{kind}."
+        if topic.startswith(head):
+            return validate_channel(topic[len(head):])
+    raise ValueError(f"topic {topic!r} is not a trajbus steps or groups topic under prefix {prefix!r}")
+
+
+_MiB = 1024 * 1024
+_HOUR_MS = 3600 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSettings:
+    """Partition counts and topic configs of every trajbus topic.
+
+    ``groups_partitions`` is 1 by default: one log per channel is what makes the
+    trainer's view FIFO by readiness, and one partition carries far more groups
+    per second than any trainer consumes. The groups topic's retention bounds
+    (time and size) are enforced by the broker: stale data ages out whatever the
+    producers do. Segments roll every minute so that those bounds bite promptly.
+    """
+
+    prefix: str = DEFAULT_PREFIX
+    steps_partitions: int = 8
+    groups_partitions: int = 1
+    replication_factor: int = 1
+    max_message_bytes: int = 16 * _MiB
+    steps_retention_ms: int = 7 * 24 * _HOUR_MS
+    groups_retention_ms: int = 6 * _HOUR_MS
+    groups_retention_bytes: int = 1024 * _MiB
+    groups_segment_ms: int = 60 * 1000
+    groups_segment_bytes: int = 64 * _MiB
+    dlq_retention_ms: int = 7 * 24 * _HOUR_MS
+
+    def __post_init__(self) -> None:
+        validate_prefix(self.prefix)
+        for name in ("steps_partitions", "groups_partitions", "replication_factor"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be at least 1")
+
+    def channel_specs(self, channel: str) -> list[TopicSpec]:
+        """The two topics every channel has."""
+        common = {"max.message.bytes": str(self.max_message_bytes)}
+        return [
+            TopicSpec(steps_topic(channel, self.prefix), self.steps_partitions, {
+                **common, "retention.ms": str(self.steps_retention_ms), "cleanup.policy": "delete",
+            }, self.replication_factor),
+            TopicSpec(groups_topic(channel, self.prefix), self.groups_partitions, {
+                **common,
+                "cleanup.policy": "delete",
+                "retention.ms": str(self.groups_retention_ms),
+                "retention.bytes": str(self.groups_retention_bytes),
+                "segment.ms": str(self.groups_segment_ms),
+                "segment.bytes": str(self.groups_segment_bytes),
+            }, self.replication_factor),
+        ]
+
+    def shared_specs(self) -> list[TopicSpec]:
+        """The topics shared by all channels."""
+        return [
+            TopicSpec(policy_topic(self.prefix), 1, {"cleanup.policy": "compact"}, self.replication_factor),
+            TopicSpec(dlq_topic(self.prefix), 1, {
+                "max.message.bytes": str(self.max_message_bytes),
+                "retention.ms": str(self.dlq_retention_ms),
+            }, self.replication_factor),
+        ]
+
+    def specs(self, channels: tuple[str, ...] | list[str] = DEFAULT_CHANNELS) -> list[TopicSpec]:
+        return self.shared_specs() + [spec for channel in channels for spec in self.channel_specs(channel)]
