@@ -90,6 +90,9 @@ def _free_port() -> int:
 
 def _port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the JVM's server socket does: connections of the previous run still in
+        # TIME_WAIT must not make the port look taken.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((HOST, port))
         except OSError:
@@ -246,9 +249,9 @@ class EmbeddedKafka:
     def _format_storage(self, config: Path) -> None:
         if (self.data_dir / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")  # may start with "-"
         result = subprocess.run(
-            self._java_command("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
+            self._java_command("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config)),
             capture_output=True, text=True,
         )
         if result.returncode != 0:

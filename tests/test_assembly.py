@@ -1,0 +1,65 @@
+"""Group assembly rules, on their own (the worker applies exactly these)."""
+
+from __future__ import annotations
+
+from streams import codec
+from streams.assembly import Outcome, PendingGroup
+from streams.records import Step, TrajectoryEnd
+
+
+def step(traj: str, index: int, last: bool = False, reward: float = 0.0, n_rollouts=None) -> Step:
+    return Step(prompt_ids=[1], response_ids=[2, index], trajectory_uid=traj, prompt_uid="p", step_index=index,
+                is_last=last, reward=reward, n_rollouts=n_rollouts)
+
+
+def test_ready_after_n_complete_trajectories_sorted_by_trajectory_and_step():
+    group = PendingGroup("p", "train")
+    events = [step("b", 0), step("a", 0), step("b", 1, last=True, reward=1.0), step("a", 1, last=True)]
+    outcomes = [group.add(e, default_n_rollouts=2) for e in events]
+    assert outcomes == [Outcome.ACCEPTED] * 3 + [Outcome.READY]
+    ready = group.to_ready_group(2)
+    assert [(s.trajectory_uid, s.step_index) for s in ready.steps] == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert ready.n_rollouts == 2 and ready.status == "complete"
+
+
+def test_duplicate_step_counts_once():
+    group = PendingGroup("p", "train")
+    assert group.add(step("a", 0), 1) is Outcome.ACCEPTED
+    assert group.add(step("a", 0), 1) is Outcome.DUPLICATE
+    assert len(group.steps) == 1
+
+
+def test_last_step_before_a_missing_earlier_step_waits_for_it():
+    group = PendingGroup("p", "train")
+    assert group.add(step("a", 1, last=True), 1) is Outcome.ACCEPTED
+    assert group.add(step("a", 0), 1) is Outcome.READY
+
+
+def test_trajectory_end_completes_and_puts_reward_on_last_step():
+    group = PendingGroup("p", "train")
+    group.add(step("a", 0), 1)
+    group.add(step("a", 1), 1)
+    end = TrajectoryEnd(trajectory_uid="a", prompt_uid="p", reward=0.75)
+    assert group.add(end, 1) is Outcome.READY
+    ready = group.to_ready_group(1)
+    assert [s.reward for s in ready.steps] == [0.0, 0.75]
+    assert [s.is_last for s in ready.steps] == [False, True]
+
+
+def test_trajectory_end_for_unknown_trajectory():
+    group = PendingGroup("p", "train")
+    assert group.add(TrajectoryEnd(trajectory_uid="x", prompt_uid="p"), 1) is Outcome.UNKNOWN_TRAJECTORY
+
+
+def test_registered_size_overrides_default():
+    group = PendingGroup("p", "train")
+    assert group.add(step("a", 0, last=True, n_rollouts=1), default_n_rollouts=4) is Outcome.READY
+
+
+def test_pending_state_survives_its_encoding():
+    group = PendingGroup("p", "train", n_rollouts=3)
+    group.add(step("a", 0), 3)
+    group.add(step("a", 1), 3)
+    group.add(TrajectoryEnd(trajectory_uid="a", prompt_uid="p", reward=2.0), 3)
+    restored = PendingGroup.from_record(codec.decode(codec.encode(group.to_record())))
+    assert restored == group

@@ -1,0 +1,77 @@
+"""The embedded broker through the CLI, and how components find a broker."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from infra import bootstrap
+from infra.kafka_broker import EmbeddedKafka
+from infra.topics import TopicSpec, ensure_topics
+from tests.helpers import end_offsets, trajbus
+
+
+def test_broker_up_status_down_keeps_data_between_runs(tmp_path: Path):
+    state_dir = str(tmp_path / "broker")
+    up = trajbus("broker", "up", "--state-dir", state_dir)
+    assert up.returncode == 0, up.stderr
+    address = up.stdout.strip().splitlines()[-1]
+    host, port = address.split(":")
+    assert host == "127.0.0.1" and int(port) > 0
+    try:
+        status = trajbus("broker", "status", "--state-dir", state_dir)
+        assert status.returncode == 0 and status.stdout.strip().splitlines()[-1] == address
+        # A second `up` finds the running broker instead of starting another.
+        again = trajbus("broker", "up", "--state-dir", state_dir)
+        assert again.stdout.strip().splitlines()[-1] == address
+
+        ensure_topics(address, [TopicSpec("kept", 1)])
+        producer = Producer({"bootstrap.servers": address})
+        for i in range(5):
+            producer.produce("kept", value=str(i).encode())
+        assert producer.flush(30) == 0
+    finally:
+        down = trajbus("broker", "down", "--state-dir", state_dir)
+    assert down.returncode == 0 and "stopped" in down.stdout
+    stopped = trajbus("broker", "status", "--state-dir", state_dir)
+    assert stopped.returncode == 1 and "not running" in stopped.stdout
+
+    restarted = trajbus("broker", "up", "--state-dir", state_dir)
+    assert restarted.returncode == 0, restarted.stderr
+    try:
+        new_address = restarted.stdout.strip().splitlines()[-1]
+        assert new_address == address  # the same port again when it is free
+        assert end_offsets(new_address, "kept") == [5]
+    finally:
+        trajbus("broker", "down", "--state-dir", state_dir)
+
+
+def test_bootstrap_resolution_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TRAJBUS_STATE_DIR", str(tmp_path / "none"))
+    monkeypatch.delenv(bootstrap.ENV_VAR, raising=False)
+    with pytest.raises(bootstrap.BrokerNotFound, match="trajbus broker up"):
+        bootstrap.resolve_bootstrap_servers()
+    monkeypatch.setenv(bootstrap.ENV_VAR, "from-env:1")
+    assert bootstrap.resolve_bootstrap_servers() == "from-env:1"
+    assert bootstrap.resolve_bootstrap_servers("explicit:2") == "explicit:2"
+
+
+def test_embedded_broker_is_found_without_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 bootstrap_servers: str):
+    """With no flag and no variable, the state file of `trajbus broker up` names the broker."""
+    monkeypatch.delenv(bootstrap.ENV_VAR, raising=False)
+    monkeypatch.setenv("TRAJBUS_STATE_DIR", str(tmp_path))
+    host, port = bootstrap_servers.split(":")
+    state = EmbeddedKafka()
+    state.state_file.write_text(json.dumps({
+        "pid": os.getpid(), "host": host, "port": int(port), "controller_port": 0, "version": "x",
+        "data_dir": "", "log_file": "",
+    }))
+    assert bootstrap.resolve_bootstrap_servers() == bootstrap_servers
+    state.state_file.write_text(state.state_file.read_text().replace(str(os.getpid()), "999999999"))
+    with pytest.raises(bootstrap.BrokerNotFound):
+        bootstrap.resolve_bootstrap_servers()  # a dead pid is not a running broker

@@ -1,0 +1,174 @@
+"""The first path on the real broker: submit -> worker -> consumer, and the DLQ."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+from confluent_kafka import Producer
+
+from consumers import BatchConsumer
+from streams import codec
+from streams.dlq import REASON, SOURCE_OFFSET, SOURCE_TOPIC
+from streams.producer import StepProducer
+from streams.records import Step
+from streams.topics import dlq_topic, steps_topic
+from tests.helpers import end_offsets, read_topic
+
+
+def group_steps(prompt_uid: str, trajectories_per_group: int, n_steps: int, rng: random.Random,
+                **extra) -> list[list[Step]]:
+    """Per trajectory, its steps in order; the last one carries the reward."""
+    trajectories = []
+    for r in range(trajectories_per_group):
+        steps = []
+        for i in range(n_steps):
+            response = [rng.randrange(150000) for _ in range(rng.randint(1, 8))]
+            steps.append(Step(
+                prompt_ids=[rng.randrange(150000) for _ in range(rng.randint(1, 12))], response_ids=response,
+                trajectory_uid=f"{prompt_uid}/t{r}", prompt_uid=prompt_uid, step_index=i,
+                reward=float(r) if i == n_steps - 1 else 0.0, is_last=i == n_steps - 1,
+                rollout_log_probs=[-0.5] * len(response), metadata={"i": i}, **extra,
+            ))
+        trajectories.append(steps)
+    return trajectories
+
+
+def interleave(trajectories: list[list[Step]], rng: random.Random) -> list[Step]:
+    """A random merge that keeps each trajectory's own order (as concurrent agents produce)."""
+    queues = [list(t) for t in trajectories]
+    merged = []
+    while queues:
+        i = rng.randrange(len(queues))
+        merged.append(queues[i].pop(0))
+        if not queues[i]:
+            queues.pop(i)
+    return merged
+
+
+def fetch_groups(consumer: BatchConsumer, count: int, timeout: float) -> list:
+    groups = []
+    deadline = time.monotonic() + timeout
+    while len(groups) < count:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"only {len(groups)} of {count} groups arrived within {timeout}s"
+        group = consumer.fetch_group(timeout=min(remaining, 2.0))
+        if group is not None:
+            groups.append(group)
+    return groups
+
+
+def test_200_groups_arrive_exactly_once_complete_and_in_order(bootstrap_servers, prefix, start_worker):
+    rng = random.Random(7)
+    n_groups, n_rollouts, n_steps = 200, 4, 3
+    sent: dict[str, list[Step]] = {}
+    trajectories = []
+    for g in range(n_groups):
+        per_group = group_steps(f"g{g:03d}", n_rollouts, n_steps, rng)
+        sent[f"g{g:03d}"] = [s for t in per_group for s in t]
+        trajectories += per_group
+    stream = interleave(trajectories, rng)
+
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("train")
+        start_worker(n_rollouts=n_rollouts)
+        for start in range(0, len(stream), 150):
+            assert producer.submit_steps(stream[start:start + 150], channel="train") == len(stream[start:start + 150])
+    assert sum(end_offsets(bootstrap_servers, steps_topic("train", prefix))) == n_groups * n_rollouts * n_steps
+
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix) as consumer:
+        groups = fetch_groups(consumer, n_groups, timeout=180)
+        assert consumer.fetch_group(timeout=2.0) is None, "a group arrived twice or unasked"
+
+    assert len({g.prompt_uid for g in groups}) == n_groups
+    for group in groups:
+        expected = sorted(sent[group.prompt_uid], key=lambda s: (s.trajectory_uid, s.step_index))
+        got = group.steps
+        assert [(s.trajectory_uid, s.step_index) for s in got] == [(s.trajectory_uid, s.step_index) for s in expected]
+        assert [s.prompt_ids for s in got] == [s.prompt_ids for s in expected]
+        assert [s.response_ids for s in got] == [s.response_ids for s in expected]
+        assert [s.reward for s in got] == [s.reward for s in expected]
+        assert all(s.channel == "train" for s in got)
+        assert group.n_rollouts == n_rollouts and group.status == "complete"
+    ready_times = [g.ready_at for g in groups]
+    assert ready_times == sorted(ready_times), "groups must arrive in the order they became ready"
+
+    # The same steps through BatchConsumer.fetch_batch: a new consumer group replays the groups topic.
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix, group_id=f"{prefix}.second") as second:
+        steps = second.fetch_batch(n_rollouts=n_rollouts, timeout=30)
+        assert steps == groups[0].steps
+        with pytest.raises(ValueError, match="n_rollouts"):
+            second.fetch_batch(n_rollouts=3, timeout=30)
+
+
+def test_trajectory_end_completes_groups_and_sets_reward(bootstrap_servers, prefix, start_worker):
+    rng = random.Random(1)
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("train")
+        start_worker(n_rollouts=4)
+        # Registered size 2 overrides the worker default of 4; no step says is_last.
+        trajectories = group_steps("ended", 2, 2, rng, n_rollouts=2)
+        for steps in trajectories:
+            for step in steps:
+                step.is_last = False
+                step.reward = 0.0
+        producer.submit_steps(interleave(trajectories, rng), channel="train")
+        producer.complete_trajectory("ended/t0", "ended", reward=1.5, channel="train")
+        producer.complete_trajectory("ended/t1", "ended", channel="train")
+
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix) as consumer:
+        steps = consumer.fetch_batch(timeout=60)
+    assert steps is not None
+    assert [(s.trajectory_uid, s.step_index, s.reward, s.is_last) for s in steps] == [
+        ("ended/t0", 0, 0.0, False), ("ended/t0", 1, 1.5, True),
+        ("ended/t1", 0, 0.0, False), ("ended/t1", 1, 0.0, True),
+    ]
+
+
+def test_garbage_goes_to_dlq_with_reason_while_valid_groups_arrive(bootstrap_servers, prefix, start_worker):
+    rng = random.Random(3)
+    topic = steps_topic("train", prefix)
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("train")
+        start_worker(n_rollouts=2)
+        before, after = group_steps("before", 2, 2, rng), group_steps("after", 2, 2, rng)
+        producer.submit_steps(interleave(before, rng), channel="train")
+        raw = Producer({"bootstrap.servers": bootstrap_servers, "partitioner": "murmur2_random"})
+        raw.produce(topic, key=b"before", value=b"\x00garbage that is no record")
+        truncated = codec.encode(before[0][0])[:-3]
+        raw.produce(topic, key=b"after", value=truncated)
+        assert raw.flush(30) == 0
+        producer.submit_steps(interleave(after, rng), channel="train")
+
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix) as consumer:
+        received = sorted(g.prompt_uid for g in fetch_groups(consumer, 2, timeout=60))
+    assert received == ["after", "before"]
+
+    dead = read_topic(bootstrap_servers, dlq_topic(prefix), min_count=2, timeout=30)
+    by_value = {m.value(): dict(m.headers()) for m in dead}
+    garbage = by_value[b"\x00garbage that is no record"]
+    assert garbage[REASON].startswith(b"undecodable: bad magic")
+    assert garbage[SOURCE_TOPIC] == topic.encode() and int(garbage[SOURCE_OFFSET]) >= 0
+    assert by_value[truncated][REASON].startswith(b"undecodable: truncated")
+    assert {m.key() for m in dead} == {b"before", b"after"}
+
+
+def test_producer_refuses_bad_input_and_sends_nothing(bootstrap_servers, prefix):
+    good = Step(prompt_ids=[1], response_ids=[2], trajectory_uid="t", prompt_uid="p")
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("train")
+        cases = [
+            ([good, {"prompt_ids": [1], "response_ids": [2], "trajectory_uid": "t"}], "train", "^prompt_uid: "),
+            ([good, {**good.__dict__, "step_index": -1}], "train", "^step_index: "),
+            ([good, {**good.__dict__, "response_ids": [1.5]}], "train", r"^response_ids\[0\]: "),
+            ([good], "no such channel", "^channel: "),
+            ([Step(prompt_ids=[1], response_ids=[2], trajectory_uid="t", prompt_uid="p", channel="val")],
+             "train", "^channel: "),
+        ]
+        for steps, channel, match in cases:
+            with pytest.raises(ValueError, match=match):
+                producer.submit_steps(steps, channel=channel)
+        with pytest.raises(ValueError, match="^channel: "):
+            producer.complete_trajectory("t", "p", channel="UPPER")
+    assert sum(end_offsets(bootstrap_servers, steps_topic("train", prefix))) == 0

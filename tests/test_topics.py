@@ -1,0 +1,52 @@
+"""Topic provisioning from one settings object, idempotent, and `trajbus topics`."""
+
+from __future__ import annotations
+
+from infra.topics import describe_topics, ensure_topics
+from streams.topics import TopicSettings, groups_topic, policy_topic, steps_topic
+from tests.helpers import trajbus
+
+
+def test_provisioning_is_idempotent_and_applies_settings(bootstrap_servers: str, prefix: str):
+    settings = TopicSettings(prefix=prefix, steps_partitions=4, groups_retention_ms=123456,
+                             groups_retention_bytes=7_000_000)
+    specs = settings.specs(["train", "val"])
+    assert sorted(ensure_topics(bootstrap_servers, specs)) == sorted(s.name for s in specs)
+    assert ensure_topics(bootstrap_servers, specs) == []
+
+    infos = {i.name: i for i in describe_topics(bootstrap_servers, prefix=f"{prefix}.")}
+    assert set(infos) == {f"{prefix}.dlq", f"{prefix}.policy", *(f"{prefix}.{k}.{c}" for k in ("steps", "groups")
+                                                               for c in ("train", "val"))}
+    assert infos[steps_topic("train", prefix)].partitions == 4
+    assert infos[groups_topic("val", prefix)].partitions == 1
+    groups_config = infos[groups_topic("train", prefix)].config
+    assert groups_config["retention.ms"] == "123456"
+    assert groups_config["retention.bytes"] == "7000000"
+    assert groups_config["max.message.bytes"] == str(settings.max_message_bytes)
+    assert infos[policy_topic(prefix)].config["cleanup.policy"] == "compact"
+
+
+def test_changed_settings_are_applied_to_existing_topics(bootstrap_servers: str, prefix: str):
+    ensure_topics(bootstrap_servers, TopicSettings(prefix=prefix, steps_partitions=2).channel_specs("train"))
+    changed = TopicSettings(prefix=prefix, steps_partitions=3, groups_retention_ms=999)
+    assert ensure_topics(bootstrap_servers, changed.channel_specs("train")) == []
+    infos = {i.name: i for i in describe_topics(bootstrap_servers, prefix=f"{prefix}.")}
+    assert infos[steps_topic("train", prefix)].partitions == 3
+    assert infos[groups_topic("train", prefix)].config["retention.ms"] == "999"
+
+
+def test_topics_cli_lists_partitions_offsets_and_configs(bootstrap_servers: str, prefix: str):
+    result = trajbus("topics", "--bootstrap-servers", bootstrap_servers, "--prefix", prefix, "--create",
+                     "--channels", "train")
+    assert result.returncode == 0, result.stderr
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()[2:]}
+    assert set(lines) == {f"{prefix}.dlq", f"{prefix}.policy", f"{prefix}.steps.train", f"{prefix}.groups.train"}
+    assert lines[f"{prefix}.steps.train"].split()[1] == "8"
+    assert "0,0,0,0,0,0,0,0" in lines[f"{prefix}.steps.train"]
+    assert "cleanup.policy=compact" in lines[f"{prefix}.policy"]
+
+
+def test_topics_cli_refuses_a_bad_channel_with_exit_2(bootstrap_servers: str, prefix: str):
+    result = trajbus("topics", "--bootstrap-servers", bootstrap_servers, "--channels", "Bad Channel")
+    assert result.returncode == 2
+    assert "channel" in result.stderr and "Bad Channel" in result.stderr
