@@ -88,12 +88,12 @@ def run_demo(bootstrap_servers: str | None = None, n_groups: int = 8, n_rollouts
                     received.append((group, time.monotonic() - started))
             consumer.commit()
 
-        print(f"\n{'prompt_uid':<24} {'traj':>4} {'steps':>5} {'tokens':>7} {'rewards':<12} {'ready after':>11}")
+        print(f"\n{'prompt_uid':<24} {'traj':>4} {'steps':>5} {'tokens':>7} {'rewards':<12} {'ready after submit':>18}")
         for group, elapsed in received:
             tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in group.steps)
             rewards = "".join(str(int(s.reward)) for s in group.steps if s.is_last)
             print(f"{group.prompt_uid:<24} {len(group.trajectory_uids):>4} {len(group.steps):>5} "
-                  f"{tokens:>7} {rewards:<12} {elapsed:>10.2f}s")
+                  f"{tokens:>7} {rewards:<12} {elapsed:>17.2f}s")
         ok = len(received) == n_groups
         print(f"\n[5/5] received {len(received)} of {n_groups} groups "
               f"({sum(len(g.steps) for g, _ in received)} steps) -> {'OK' if ok else 'INCOMPLETE'}")
