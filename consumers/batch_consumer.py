@@ -18,7 +18,7 @@ from infra.bootstrap import resolve_bootstrap_servers
 from streams import codec
 from streams.dlq import dlq_headers
 from streams.records import ReadyGroup, Step
-from streams.topics import DEFAULT_PREFIX, dlq_topic, groups_topic, validate_channel
+from streams.topics import DEFAULT_PREFIX, dlq_topic, groups_topic, trainer_group_id, validate_channel
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class BatchConsumer:
         self.prefix = prefix
         self.topic = groups_topic(channel, prefix)
         self.bootstrap_servers = resolve_bootstrap_servers(bootstrap_servers)
-        self.group_id = group_id or f"{prefix}.trainer.{channel}"
+        self.group_id = group_id or trainer_group_id(channel, prefix)
         self._consumer = Consumer({
             "bootstrap.servers": self.bootstrap_servers,
             "logger": log,  # librdkafka logs as structured Python log lines, not raw stderr

@@ -165,3 +165,53 @@ def describe_topics(bootstrap_servers: str, names: list[str] | None = None, pref
         return infos
     finally:
         probe.close()
+
+
+@dataclass
+class PartitionLag:
+    """Where one consumer group stands on one partition."""
+
+    partition: int
+    low: int
+    high: int
+    committed: int | None
+    """The group's committed offset, or None when it never committed."""
+
+    @property
+    def position(self) -> int:
+        """Where the group resumes: its commit, else the log start (auto.offset.reset=earliest)."""
+        return self.low if self.committed is None else max(self.committed, self.low)
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.high - self.position)
+
+
+def consumer_group_lag(bootstrap_servers: str, group_id: str, topic: str, timeout: float = 10.0) -> list[PartitionLag]:
+    """Per partition of ``topic``: log bounds and ``group_id``'s committed offset.
+
+    Reads the commit with a consumer that never subscribes, so it does not join
+    (or disturb) the group it inspects.
+    """
+    probe = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": group_id,
+                      "enable.auto.commit": False, "logger": log})
+    try:
+        partitions = probe.list_topics(topic, timeout=timeout).topics[topic].partitions
+        committed = probe.committed([TopicPartition(topic, p) for p in sorted(partitions)], timeout=timeout)
+        result = []
+        for tp in committed:
+            low, high = _watermarks(probe, TopicPartition(topic, tp.partition), timeout)
+            result.append(PartitionLag(tp.partition, low, high, tp.offset if tp.offset >= 0 else None))
+        return result
+    finally:
+        probe.close()
+
+
+def delete_records_before(bootstrap_servers: str, topic: str, partition: int, offset: int,
+                          timeout: float = 30.0) -> int:
+    """Advance the log start of one partition to ``offset`` (Kafka's DeleteRecords); returns the new start."""
+    admin = admin_client(bootstrap_servers)
+    futures = admin.delete_records([TopicPartition(topic, partition, offset)], request_timeout=timeout)
+    for future in futures.values():
+        return future.result().offset
+    raise RuntimeError(f"no answer deleting records of {topic}[{partition}]")

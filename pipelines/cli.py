@@ -31,14 +31,6 @@ def _channels(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _channel_size(text: str) -> tuple[str, int]:
-    channel, _, size = text.partition("=")
-    try:
-        return validate_channel(channel), int(size)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected CHANNEL=N, got {text!r}") from None
-
-
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -109,14 +101,55 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 # -- worker ---------------------------------------------------------------------
 
+def _channel_setting(text: str) -> tuple[str, str, str]:
+    target, sep, value = text.partition("=")
+    channel, dot, name = target.partition(".")
+    if not sep or not dot:
+        raise argparse.ArgumentTypeError(f"expected CHANNEL.SETTING=VALUE, got {text!r}")
+    try:
+        validate_channel(channel)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return channel, name, value
+
+
+def _setting_value(name: str, text: str) -> object:
+    """Convert a command-line value to the type of the ChannelSettings field ``name``."""
+    from streams.settings import ChannelSettings
+
+    if text.lower() in ("none", "off", ""):
+        return None
+    default = getattr(ChannelSettings, name, None)
+    if name not in ChannelSettings.__dataclass_fields__:
+        raise UsageError(f"{name}: not a channel setting")
+    kind = type(default) if default is not None else {"max_staleness": int, "group_timeout": float,
+                                                       "max_queue_size": int}.get(name, str)
+    try:
+        if kind is bool:
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1", "yes")
+        return kind(text)
+    except ValueError:
+        raise UsageError(f"{name}: expected a {kind.__name__}, got {text!r}") from None
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
-    from streams.app import WorkerSettings
+    from streams.settings import ChannelSettings, WorkerSettings
     from streams.worker import run_worker
 
     try:
-        settings = WorkerSettings(topics=_topic_settings(args), channels=args.channels,
-                                  default_n_rollouts=args.n_rollouts,
-                                  channel_n_rollouts=dict(args.channel_n_rollouts or []))
+        default = ChannelSettings(
+            n_rollouts=args.n_rollouts, max_staleness=args.max_staleness, stale_action=args.stale_action,
+            drop_equal_rewards=args.drop_equal_rewards, group_filter=args.group_filter,
+            group_timeout=args.group_timeout, min_rollouts=args.min_rollouts, max_queue_size=args.max_queue_size,
+        )
+        changes: dict[str, dict[str, object]] = {}
+        for channel, name, value in args.channel_setting or []:
+            changes.setdefault(channel, {})[name] = _setting_value(name, value)
+        overrides = {channel: default.replace(**change) for channel, change in changes.items()}
+        settings = WorkerSettings(topics=_topic_settings(args), channels=args.channels, default=default,
+                                  overrides=overrides, metrics_port=args.metrics_port)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     run_worker(settings, args.bootstrap_servers, loglevel=args.faust_loglevel)
@@ -162,10 +195,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="the Faust stream processor that assembles prompt groups")
     _add_common(worker)
-    worker.add_argument("--n-rollouts", type=_positive, default=4,
-                        help="default group size when a group registers none (default: %(default)s)")
-    worker.add_argument("--channel-n-rollouts", type=_channel_size, action="append", metavar="CHANNEL=N",
-                        help="group size default of one channel (repeatable)")
+    rules = worker.add_argument_group("channel rules (defaults for every channel)")
+    rules.add_argument("--n-rollouts", type=_positive, default=4,
+                       help="group size when a group registers none (default: %(default)s)")
+    rules.add_argument("--max-staleness", type=int, help="policy versions a group may lag the policy topic")
+    rules.add_argument("--stale-action", choices=["drop", "tag"], default="drop")
+    rules.add_argument("--drop-equal-rewards", action="store_true", help="drop groups with no reward variance")
+    rules.add_argument("--group-filter", help="dotted path of f(group) -> bool | (bool, reason)")
+    rules.add_argument("--group-timeout", type=float, help="seconds until a group is emitted partially or dropped")
+    rules.add_argument("--min-rollouts", type=_positive, default=1,
+                       help="complete trajectories a timed-out group needs to be emitted (default: %(default)s)")
+    rules.add_argument("--max-queue-size", type=_positive,
+                       help="ready groups the trainer may lag before the oldest are dropped")
+    rules.add_argument("--channel-setting", type=_channel_setting, action="append", metavar="CHANNEL.SETTING=VALUE",
+                       help="override one rule for one channel, e.g. val.n_rollouts=1 (repeatable)")
+    worker.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
     worker.add_argument("--faust-loglevel", default="WARNING")
     worker.set_defaults(func=cmd_worker)
 

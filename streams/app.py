@@ -1,89 +1,410 @@
-"""The Faust stream processor: step events in, ready prompt groups out.
+"""The Faust stream processor: step events in, ready prompt groups out, exactly once per group.
 
-One agent consumes ``{prefix}.steps.{channel}`` of every configured channel. The
-assembly state of each prompt group lives in the Faust table ``pending`` (keyed
-``channel/prompt_uid``, backed by a changelog topic, so a restarted worker
-recovers it); ``emitted`` remembers which groups went out, so a redelivered or
-late event never emits a group twice. A group is written to
-``{prefix}.groups.{channel}`` the moment it is ready, whatever older groups still
-wait: FIFO by readiness, no head-of-line blocking. Anything that cannot be
-processed goes to ``{prefix}.dlq`` with the reason in a header.
+One agent consumes ``{prefix}.steps.{channel}`` of every configured channel.
+All assembly state lives in one Faust table, ``state``, backed by a compacted
+changelog topic, so a worker that dies loses nothing and another worker can take
+its partitions over. Keys start with their source partition (see ``StateKey``):
+writes made outside an event (timeouts) still land in the right changelog
+partition, and all state of a partition is ordered in one changelog partition.
+
+Exactly once out, with at-least-once in:
+- a group is written to ``{prefix}.groups.{channel}`` and its acknowledgement is
+  awaited *before* the table records it as emitted: the groups topic is never
+  behind the table;
+- each emitted group carries its source partition and offset in headers, and
+  the table keeps a per-partition watermark of the groups-topic offsets it has
+  recorded; when a worker (re)gains a partition it reads the groups topic past
+  that watermark and records what an earlier owner emitted but did not get to
+  record: such groups are never emitted again;
+- an event at or below an emitted group's last source offset is a replay
+  (counted as duplicate); one above it is late and goes to the DLQ.
+A group is emitted the moment it is ready, whatever older groups still wait.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import faust
+from confluent_kafka import Consumer, Producer, TopicPartition
+from prometheus_client import start_http_server
 
+from infra.topics import consumer_group_lag, delete_records_before
 from streams import codec
-from streams.dlq import dlq_headers
 from streams.assembly import Outcome, PendingGroup
+from streams.dlq import dlq_headers
+from streams.filters import judge
+from streams.policy import PolicyWatcher
 from streams.records import ReadyGroup, Step, TrajectoryEnd
+from streams.settings import WorkerSettings
+from streams.stats import WorkerMetrics, encode_snapshot
 from streams.topics import (
-    DEFAULT_CHANNELS,
-    TopicSettings,
     channel_of,
     dlq_topic,
     groups_topic,
+    stats_topic,
     steps_topic,
-    validate_channel,
+    trainer_group_id,
 )
 
 log = logging.getLogger("trajbus.worker")
 
-
-@dataclass
-class WorkerSettings:
-    """What the stream processor does; topic sizes come from ``topics``."""
-
-    topics: TopicSettings = field(default_factory=TopicSettings)
-    channels: tuple[str, ...] = DEFAULT_CHANNELS
-    default_n_rollouts: int = 4
-    channel_n_rollouts: dict[str, int] = field(default_factory=dict)
-    """Per-channel default group size, overriding ``default_n_rollouts``."""
-
-    def __post_init__(self) -> None:
-        self.channels = tuple(validate_channel(c) for c in self.channels)
-        if not self.channels:
-            raise ValueError("channels: at least one channel is needed")
-        for name, size in {"default_n_rollouts": self.default_n_rollouts, **self.channel_n_rollouts}.items():
-            if type(size) is not int or size < 1:
-                raise ValueError(f"n_rollouts for {name}: must be a positive integer, got {size!r}")
-
-    @property
-    def app_id(self) -> str:
-        return f"{self.topics.prefix}-worker"
-
-    def n_rollouts_for(self, channel: str) -> int:
-        return self.channel_n_rollouts.get(channel, self.default_n_rollouts)
+SOURCE_PARTITION = "trajbus-source-partition"
+SOURCE_OFFSET = "trajbus-source-offset"
+DROP_TIMEOUT = "timeout"
+EXPIRE_EVERY = 60.0
 
 
-@dataclass
-class WorkerStats:
-    """Counters of this worker process since it started."""
+@dataclass(frozen=True)
+class StateKey:
+    """``{partition}|{kind}|{channel}|{prompt_uid}``: kind ``g`` pending group, ``e`` emitted
+    (or dropped) marker, ``w`` groups-topic watermark of the partition (no prompt_uid)."""
 
-    events: Counter = field(default_factory=Counter)
+    partition: int
+    kind: str
+    channel: str
+    prompt_uid: str = ""
 
-    def count(self, channel: str, what: str, n: int = 1) -> None:
-        self.events[(channel, what)] += n
+    def encode(self) -> bytes:
+        return f"{self.partition}|{self.kind}|{self.channel}|{self.prompt_uid}".encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "StateKey":
+        partition, kind, channel, prompt_uid = raw.decode().split("|", 3)
+        return cls(int(partition), kind, channel, prompt_uid)
+
+
+class PartitionKeyedTable(faust.Table):
+    """A table whose keys name their own changelog partition (the source partition)."""
+
+    def partition_for_key(self, key: Any) -> int:
+        return int(key.split(b"|", 1)[0])
 
 
 def _broker_urls(bootstrap_servers: str) -> list[str]:
     return [f"kafka://{server.strip()}" for server in bootstrap_servers.split(",") if server.strip()]
 
 
-def _group_key(channel: str, prompt_uid: str) -> bytes:
-    return f"{channel}/{prompt_uid}".encode()
+class GroupAssembler:
+    """The worker's logic, wired to a Faust app by ``build_app``."""
+
+    def __init__(self, app: faust.App, bootstrap_servers: str, settings: WorkerSettings) -> None:
+        self.app = app
+        self.bootstrap_servers = bootstrap_servers
+        self.settings = settings
+        self.prefix = settings.topics.prefix
+        self.metrics = WorkerMetrics()
+        self.state = app.tables.add(PartitionKeyedTable(
+            app, name="state", key_type=bytes, value_type=bytes, beacon=app.tables.beacon,
+            partitions=settings.topics.steps_partitions,
+            help="pending groups, emitted markers and groups-topic watermarks, by source partition",
+        ))
+        self.outputs = {c: app.topic(groups_topic(c, self.prefix), key_serializer="raw", value_serializer="raw")
+                        for c in settings.channels}
+        self.dlq = app.topic(dlq_topic(self.prefix), key_serializer="raw", value_serializer="raw")
+        self.filters: dict[str, Callable | None] = {c: settings.channel(c).load_group_filter()
+                                                    for c in settings.channels}
+        self.locks: dict[int, asyncio.Lock] = {}
+        self.reconciled: set[int] = set()
+        self.policy: PolicyWatcher | None = None
+        self.stats_producer: Producer | None = None
+        self._last_expiry = 0.0
+        self._last_stats = 0.0
+
+    # -- helpers -------------------------------------------------------------------
+    def lock(self, partition: int) -> asyncio.Lock:
+        return self.locks.setdefault(partition, asyncio.Lock())
+
+    def active_partitions(self) -> set[int]:
+        topics = {steps_topic(c, self.prefix) for c in self.settings.channels}
+        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic in topics}
+
+    def keys_of(self, partition: int, kind: str) -> Iterator[StateKey]:
+        head = f"{partition}|{kind}|".encode()
+        for raw in list(self.state.keys()):
+            if raw.startswith(head):
+                yield StateKey.decode(raw)
+
+    def current_version(self, channel: str) -> int | None:
+        return self.policy.current(channel) if self.policy else None
+
+    async def to_dlq(self, message: Any, channel: str, reason: str) -> None:
+        headers = dlq_headers(message.headers, reason, message.topic, message.partition, message.offset)
+        await (await self.dlq.send(key=message.key, value=message.value, headers=headers))
+        self.metrics.dlq.labels(channel, reason.split(":", 1)[0]).inc()
+        log.warning("dlq topic=%s partition=%d offset=%d reason=%s",
+                    message.topic, message.partition, message.offset, reason)
+
+    # -- events --------------------------------------------------------------------
+    async def handle(self, event: faust.EventT) -> None:
+        message = event.message
+        partition = message.partition
+        channel = channel_of(message.topic, self.prefix)
+        async with self.lock(partition):
+            await self.ensure_reconciled(partition)
+            try:
+                record = codec.decode(message.value)
+                if not isinstance(record, (Step, TrajectoryEnd)):
+                    raise codec.DecodeError(f"a {type(record).__name__} does not belong on a steps topic")
+                record.validate()
+            except ValueError as exc:
+                await self.to_dlq(message, channel, f"undecodable: {exc}")
+                return
+            if record.channel is not None and record.channel != channel:
+                await self.to_dlq(message, channel,
+                                  f"channel_mismatch: record says {record.channel!r}, topic is {channel!r}")
+                return
+            self.metrics.events.labels(channel, "step" if isinstance(record, Step) else "trajectory_end").inc()
+            await self.apply(partition, channel, record, message)
+
+    async def apply(self, partition: int, channel: str, record: Step | TrajectoryEnd, message: Any) -> None:
+        marker = self.state.get(StateKey(partition, "e", channel, record.prompt_uid).encode())
+        if marker is not None:
+            if message.offset <= json.loads(marker)["offset"]:
+                self.metrics.duplicates.labels(channel).inc()  # a replay after a crash or rebalance
+                return
+            self.metrics.late.labels(channel).inc()
+            await self.to_dlq(message, channel, f"late: group already {json.loads(marker)['outcome']}")
+            return
+        key = StateKey(partition, "g", channel, record.prompt_uid).encode()
+        stored = self.state.get(key)
+        group = PendingGroup.from_record(codec.decode(stored)) if stored is not None \
+            else PendingGroup(prompt_uid=record.prompt_uid, channel=channel)
+        if message.offset <= group.last_offset:
+            self.metrics.duplicates.labels(channel).inc()
+            return
+        complete_before = len(group.complete_trajectories())
+        outcome = group.add(record, self.settings.channel(channel).n_rollouts)
+        if outcome is Outcome.UNKNOWN_TRAJECTORY:
+            await self.to_dlq(message, channel, f"unknown_trajectory: {record.trajectory_uid} has no steps")
+            return
+        if outcome is Outcome.DUPLICATE:
+            self.metrics.duplicates.labels(channel).inc()
+            return
+        group.last_offset = message.offset
+        self.metrics.trajectories.labels(channel).inc(len(group.complete_trajectories()) - complete_before)
+        if outcome is Outcome.READY:
+            await self.finish(partition, group, "complete")
+        else:
+            self.state[key] = codec.encode(group.to_record())
+
+    async def finish(self, partition: int, group: PendingGroup, status: str) -> None:
+        """Filter, emit (acknowledged), then record the outcome; the pending state goes."""
+        channel = group.channel
+        rules = self.settings.channel(channel)
+        ready = group.to_ready_group(rules.n_rollouts, status=status)
+        self.metrics.groups.labels(channel, "ready" if status == "complete" else status).inc()
+        verdict = judge(ready, rules, self.current_version(channel), self.filters[channel])
+        if verdict.staleness is not None:
+            self.metrics.staleness.labels(channel).observe(verdict.staleness)
+        if verdict.keep:
+            await self.emit(partition, group, ready)
+            outcome = "emitted"
+        else:
+            self.metrics.dropped.labels(channel, verdict.reason).inc()
+            outcome = f"dropped ({verdict.reason})"
+            log.info("group dropped channel=%s prompt_uid=%s reason=%s", channel, group.prompt_uid, verdict.reason)
+        self.record_outcome(partition, group, outcome)
+
+    async def emit(self, partition: int, group: PendingGroup, ready: ReadyGroup) -> None:
+        ready.ready_at = time.time()
+        headers = codec.headers_for(ready) + [
+            (SOURCE_PARTITION, str(partition).encode()), (SOURCE_OFFSET, str(group.last_offset).encode()),
+        ]
+        sent = await self.outputs[group.channel].send(key=ready.prompt_uid.encode(), value=codec.encode(ready),
+                                                      headers=headers)
+        metadata = await sent  # the broker's acknowledgement, before the table says "emitted"
+        self.advance_watermark(partition, group.channel, metadata.partition, metadata.offset)
+        self.metrics.groups.labels(group.channel, "emitted").inc()
+        log.info("group emitted channel=%s prompt_uid=%s status=%s trajectories=%d steps=%d offset=%d",
+                 group.channel, ready.prompt_uid, ready.status, len(ready.trajectory_uids), len(ready.steps),
+                 metadata.offset)
+
+    def record_outcome(self, partition: int, group: PendingGroup, outcome: str) -> None:
+        self.state[StateKey(partition, "e", group.channel, group.prompt_uid).encode()] = json.dumps(
+            {"offset": group.last_offset, "at": time.time(), "outcome": outcome}).encode()
+        self.state.pop(StateKey(partition, "g", group.channel, group.prompt_uid).encode(), None)
+
+    def advance_watermark(self, partition: int, channel: str, groups_partition: int, offset: int) -> None:
+        key = StateKey(partition, "w", channel).encode()
+        marks = json.loads(self.state.get(key) or b"{}")
+        if offset > marks.get(str(groups_partition), -1):
+            marks[str(groups_partition)] = offset
+            self.state[key] = json.dumps(marks).encode()
+
+    # -- recovery ------------------------------------------------------------------
+    async def ensure_reconciled(self, partition: int) -> None:
+        """Once per assignment: record what earlier owners emitted from this partition but did not record."""
+        if partition in self.reconciled:
+            return
+        for channel in self.settings.channels:
+            marks = json.loads(self.state.get(StateKey(partition, "w", channel).encode()) or b"{}")
+            found = await asyncio.to_thread(self._scan_groups, channel, partition, marks)
+            for prompt_uid, (groups_partition, offset, source_offset) in found.items():
+                marker = StateKey(partition, "e", channel, prompt_uid).encode()
+                if self.state.get(marker) is None:
+                    self.state[marker] = json.dumps(
+                        {"offset": source_offset, "at": time.time(), "outcome": "emitted"}).encode()
+                    self.state.pop(StateKey(partition, "g", channel, prompt_uid).encode(), None)
+                    log.info("reconciled emitted group channel=%s prompt_uid=%s", channel, prompt_uid)
+                self.advance_watermark(partition, channel, groups_partition, offset)
+        self.reconciled.add(partition)
+
+    def _scan_groups(self, channel: str, partition: int, marks: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        """Groups emitted from ``partition`` past the watermark: prompt_uid -> (groups partition, offset, source offset)."""
+        topic = groups_topic(channel, self.prefix)
+        consumer = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": f"{self.prefix}.reconcile",
+                             "enable.auto.commit": False, "enable.partition.eof": True, "logger": log})
+        found: dict[str, tuple[int, int, int]] = {}
+        try:
+            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            pending = set()
+            assignment = []
+            for p in partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                start = max(low, marks.get(str(p), -1) + 1)
+                if start < high:
+                    assignment.append(TopicPartition(topic, p, start))
+                    pending.add(p)
+            consumer.assign(assignment)
+            ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in assignment}
+            while pending:
+                message = consumer.poll(1.0)
+                if message is None:
+                    continue
+                if message.error():
+                    pending.discard(message.partition())
+                    continue
+                headers = dict(message.headers() or [])
+                if headers.get(SOURCE_PARTITION) == str(partition).encode():
+                    found[message.key().decode()] = (message.partition(), message.offset(),
+                                                     int(headers[SOURCE_OFFSET]))
+                if message.offset() + 1 >= ends[message.partition()]:
+                    pending.discard(message.partition())
+        finally:
+            consumer.close()
+        return found
+
+    # -- periodic work -------------------------------------------------------------
+    def ready_for_periodic_work(self) -> bool:
+        recovery = self.app.tables.recovery
+        return not self.app.rebalancing and recovery.completed.is_set()
+
+    async def tick(self) -> None:
+        """Timeouts, expiry of emitted markers, queue bound, statistics."""
+        if not self.ready_for_periodic_work():
+            return
+        now = time.time()
+        pending_groups = {c: 0 for c in self.settings.channels}
+        pending_trajectories = dict(pending_groups)
+        for partition in sorted(self.active_partitions()):
+            async with self.lock(partition):
+                await self.ensure_reconciled(partition)
+                for key in self.keys_of(partition, "g"):
+                    stored = self.state.get(key.encode())
+                    if stored is None:
+                        continue
+                    group = PendingGroup.from_record(codec.decode(stored))
+                    rules = self.settings.channel(key.channel)
+                    if rules.group_timeout is not None and now - group.first_seen > rules.group_timeout:
+                        await self.time_out(partition, group)
+                        continue
+                    pending_groups[key.channel] += 1
+                    pending_trajectories[key.channel] += len({uid for uid, _ in group.steps})
+                if now - self._last_expiry > EXPIRE_EVERY:
+                    self.expire_markers(partition, now)
+        if now - self._last_expiry > EXPIRE_EVERY:
+            self._last_expiry = now
+        for channel in self.settings.channels:
+            self.metrics.pending_groups.labels(channel).set(pending_groups[channel])
+            self.metrics.pending_trajectories.labels(channel).set(pending_trajectories[channel])
+            version = self.current_version(channel)
+            if version is not None:
+                self.metrics.policy_version.labels(channel).set(version)
+        await self.bound_queues()
+        if now - self._last_stats >= self.settings.stats_interval:
+            self._last_stats = now
+            self.publish_stats()
+
+    async def time_out(self, partition: int, group: PendingGroup) -> None:
+        rules = self.settings.channel(group.channel)
+        if len(group.complete_trajectories()) >= rules.min_rollouts:
+            await self.finish(partition, group, "partial")
+            return
+        self.metrics.dropped.labels(group.channel, DROP_TIMEOUT).inc()
+        log.info("group timed out channel=%s prompt_uid=%s complete=%d", group.channel, group.prompt_uid,
+                 len(group.complete_trajectories()))
+        self.record_outcome(partition, group, f"dropped ({DROP_TIMEOUT})")
+
+    def expire_markers(self, partition: int, now: float) -> None:
+        """Emitted markers outlive late events for ``emitted_ttl``; then they go."""
+        for key in self.keys_of(partition, "e"):
+            raw = self.state.get(key.encode())
+            if raw is not None and now - json.loads(raw)["at"] > self.settings.emitted_ttl:
+                self.state.pop(key.encode(), None)
+
+    async def bound_queues(self) -> None:
+        """Queue depth per channel; past ``max_queue_size``, the oldest ready groups leave the log.
+
+        Only the worker that owns source partition 0 does this, so drops are counted once.
+        """
+        if 0 not in self.active_partitions():
+            return
+        for channel in self.settings.channels:
+            limit = self.settings.channel(channel).max_queue_size
+            topic = groups_topic(channel, self.prefix)
+            try:
+                lags = await asyncio.to_thread(consumer_group_lag, self.bootstrap_servers,
+                                               trainer_group_id(channel, self.prefix), topic)
+            except Exception as exc:  # noqa: BLE001 - a slow broker must not stop assembly
+                log.warning("queue depth of %s unavailable: %s", topic, exc)
+                continue
+            depth = sum(lag.lag for lag in lags)
+            if limit is not None:
+                for lag in lags:
+                    share = max(1, limit // len(lags))
+                    if lag.lag > share:
+                        target = lag.high - share
+                        start = await asyncio.to_thread(delete_records_before, self.bootstrap_servers, topic,
+                                                        lag.partition, target)
+                        dropped = start - lag.position
+                        depth -= dropped
+                        self.metrics.dropped.labels(channel, "queue_full").inc(dropped)
+                        log.warning("queue full channel=%s partition=%d dropped=%d oldest groups (limit %d)",
+                                    channel, lag.partition, dropped, limit)
+            self.metrics.queue_depth.labels(channel).set(depth)
+
+    def publish_stats(self) -> None:
+        if self.stats_producer is None:
+            self.stats_producer = Producer({"bootstrap.servers": self.bootstrap_servers, "logger": log,
+                                            "linger.ms": 50})
+        self.stats_producer.produce(stats_topic(self.prefix), key=self.metrics.worker_id.encode(),
+                                    value=encode_snapshot(self.metrics.snapshot()))
+        self.stats_producer.poll(0)
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        self.policy = PolicyWatcher(self.bootstrap_servers, self.prefix)
+        if self.settings.metrics_port is not None:
+            server, _thread = start_http_server(self.settings.metrics_port, addr="127.0.0.1",
+                                                registry=self.metrics.registry)
+            log.info("metrics on http://127.0.0.1:%d/metrics", server.server_port)
+
+    def stop(self) -> None:
+        if self.stats_producer is not None:
+            self.publish_stats()
+            self.stats_producer.flush(10)
+        if self.policy is not None:
+            self.policy.close()
 
 
-def build_app(bootstrap_servers: str, settings: WorkerSettings) -> tuple[faust.App, WorkerStats]:
+def build_app(bootstrap_servers: str, settings: WorkerSettings) -> tuple[faust.App, GroupAssembler]:
     """A Faust app wired for ``settings``; run it with ``streams.worker.run_worker``."""
-    stats = WorkerStats()
-    prefix = settings.topics.prefix
     app = faust.App(
         settings.app_id,
         broker=_broker_urls(bootstrap_servers),
@@ -94,10 +415,10 @@ def build_app(bootstrap_servers: str, settings: WorkerSettings) -> tuple[faust.A
         web_enabled=False,
         consumer_auto_offset_reset="earliest",
         # Latency over batching: a group should be fetchable milliseconds after its
-        # last step. Fetches return as soon as data exists, the producer sends at
-        # once, processing starts right after recovery, and offsets are committed
-        # every 100 events or 0.5 s (a redelivery after a crash is absorbed by the
-        # `emitted` table, so a short commit interval buys little).
+        # last step. The producer sends at once, processing starts right after
+        # recovery, and offsets are committed every 100 events or 0.5 s (replays
+        # after a crash are recognised by offset, so a longer interval would only
+        # cost more replay, never a duplicate).
         producer_linger=0.0,
         stream_wait_empty=False,
         stream_recovery_delay=0.0,
@@ -106,69 +427,25 @@ def build_app(bootstrap_servers: str, settings: WorkerSettings) -> tuple[faust.A
         producer_max_request_size=settings.topics.max_message_bytes,
         consumer_max_fetch_size=settings.topics.max_message_bytes,
     )
-    source = app.topic(*(steps_topic(c, prefix) for c in settings.channels),
+    assembler = GroupAssembler(app, bootstrap_servers, settings)
+    source = app.topic(*(steps_topic(c, settings.topics.prefix) for c in settings.channels),
                        key_serializer="raw", value_serializer="raw")
-    outputs = {c: app.topic(groups_topic(c, prefix), key_serializer="raw", value_serializer="raw")
-               for c in settings.channels}
-    dlq = app.topic(dlq_topic(prefix), key_serializer="raw", value_serializer="raw")
-    # bytes keys and values: Faust stores them raw; the values use our own codec.
-    pending = app.Table("pending", key_type=bytes, value_type=bytes, partitions=settings.topics.steps_partitions)
-    emitted = app.Table("emitted", key_type=bytes, value_type=bytes, partitions=settings.topics.steps_partitions)
-
-    async def to_dlq(event: faust.EventT, channel: str, reason: str) -> None:
-        message = event.message
-        headers = dlq_headers(message.headers, reason, message.topic, message.partition, message.offset)
-        await dlq.send(key=message.key, value=message.value, headers=headers)
-        stats.count(channel, "dlq")
-        log.warning("dlq topic=%s partition=%d offset=%d reason=%s",
-                    message.topic, message.partition, message.offset, reason)
-
-    async def handle(event: faust.EventT) -> None:
-        message = event.message
-        channel = channel_of(message.topic, prefix)
-        try:
-            record = codec.decode(message.value)
-            if not isinstance(record, (Step, TrajectoryEnd)):
-                raise codec.DecodeError(f"a {type(record).__name__} does not belong on a steps topic")
-            record.validate()
-        except ValueError as exc:
-            await to_dlq(event, channel, f"undecodable: {exc}")
-            return
-        if record.channel is not None and record.channel != channel:
-            await to_dlq(event, channel, f"channel mismatch: record says {record.channel!r}, topic is {channel!r}")
-            return
-        stats.count(channel, "events_in")
-        key = _group_key(channel, record.prompt_uid)
-        if emitted.get(key) is not None:
-            await to_dlq(event, channel, "late: group already emitted")
-            return
-        stored = pending.get(key)
-        group = PendingGroup.from_record(codec.decode(stored)) if stored is not None \
-            else PendingGroup(prompt_uid=record.prompt_uid, channel=channel)
-        default_size = settings.n_rollouts_for(channel)
-        outcome = group.add(record, default_size)
-        if outcome is Outcome.UNKNOWN_TRAJECTORY:
-            await to_dlq(event, channel, f"unknown trajectory: {record.trajectory_uid} has no steps")
-            return
-        if outcome is Outcome.DUPLICATE:
-            stats.count(channel, "duplicates")
-            return
-        if outcome is Outcome.READY:
-            ready: ReadyGroup = group.to_ready_group(default_size)
-            ready.ready_at = time.time()
-            await outputs[channel].send(key=record.prompt_uid.encode(), value=codec.encode(ready),
-                                        headers=codec.headers_for(ready))
-            emitted[key] = str(ready.ready_at).encode()
-            del pending[key]
-            stats.count(channel, "groups_emitted")
-            log.info("group ready channel=%s prompt_uid=%s trajectories=%d steps=%d",
-                     channel, record.prompt_uid, len(ready.trajectory_uids), len(ready.steps))
-            return
-        pending[key] = codec.encode(group.to_record())
 
     @app.agent(source)
     async def assemble(stream: faust.StreamT) -> None:
         async for event in stream.events():
-            await handle(event)
+            await assembler.handle(event)
 
-    return app, stats
+    @app.timer(1.0)
+    async def periodic() -> None:
+        await assembler.tick()
+
+    @app.on_partitions_revoked.connect
+    async def forget_reconciliation(app: faust.App, revoked: set, **kwargs: Any) -> None:
+        assembler.reconciled.clear()
+
+    @app.on_partitions_assigned.connect
+    async def reconcile_again(app: faust.App, assigned: set, **kwargs: Any) -> None:
+        assembler.reconciled.clear()
+
+    return app, assembler

@@ -43,6 +43,8 @@ class PendingGroup:
     ended: dict[str, float | None] = field(default_factory=dict)
     """Trajectories that received a TrajectoryEnd, with its reward (None: keep the step's)."""
     first_seen: float = field(default_factory=time.time)
+    last_offset: int = -1
+    """Source offset of the newest event applied: a replayed event at or below it is a duplicate."""
 
     # -- updates ---------------------------------------------------------------
     def add(self, event: Step | TrajectoryEnd, default_n_rollouts: int) -> Outcome:
@@ -102,10 +104,10 @@ class PendingGroup:
         """The pending state in the ReadyGroup encoding, with status ``pending``."""
         return ReadyGroup(prompt_uid=self.prompt_uid, channel=self.channel, steps=list(self.steps.values()),
                           n_rollouts=self.n_rollouts or 0, ready_at=self.first_seen, status="pending",
-                          metadata={"ended": self.ended} if self.ended else {})
+                          metadata={"ended": self.ended, "last_offset": self.last_offset})
 
     @classmethod
     def from_record(cls, record: ReadyGroup) -> "PendingGroup":
         return cls(prompt_uid=record.prompt_uid, channel=record.channel, n_rollouts=record.n_rollouts or None,
                    steps={step.key: step for step in record.steps}, ended=dict(record.metadata.get("ended", {})),
-                   first_seen=record.ready_at)
+                   first_seen=record.ready_at, last_offset=record.metadata.get("last_offset", -1))

@@ -4,6 +4,7 @@
 ``{prefix}.groups.{channel}`` ready prompt groups; retention is the backpressure
 ``{prefix}.policy``           the trainer's policy version (compacted)
 ``{prefix}.dlq``              records that could not be processed, with the reason
+``{prefix}.stats``            statistics snapshots of the stream workers (compacted)
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ def policy_topic(prefix: str = DEFAULT_PREFIX) -> str:
 
 def dlq_topic(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}.dlq"
+
+
+def stats_topic(prefix: str = DEFAULT_PREFIX) -> str:
+    """Statistics snapshots of the stream workers (compacted, keyed by worker id)."""
+    return f"{prefix}.stats"
+
+
+def trainer_group_id(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The consumer group trainers read a channel's groups in; its lag is the queue depth."""
+    return f"{prefix}.trainer.{validate_channel(channel)}"
 
 
 def channel_of(topic: str, prefix: str = DEFAULT_PREFIX) -> str:
@@ -116,6 +127,7 @@ class TopicSettings:
                 "max.message.bytes": str(self.max_message_bytes),
                 "retention.ms": str(self.dlq_retention_ms),
             }, self.replication_factor),
+            TopicSpec(stats_topic(self.prefix), 1, {"cleanup.policy": "compact"}, self.replication_factor),
         ]
 
     def specs(self, channels: tuple[str, ...] | list[str] = DEFAULT_CHANNELS) -> list[TopicSpec]:

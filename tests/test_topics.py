@@ -15,8 +15,8 @@ def test_provisioning_is_idempotent_and_applies_settings(bootstrap_servers: str,
     assert ensure_topics(bootstrap_servers, specs) == []
 
     infos = {i.name: i for i in describe_topics(bootstrap_servers, prefix=f"{prefix}.")}
-    assert set(infos) == {f"{prefix}.dlq", f"{prefix}.policy", *(f"{prefix}.{k}.{c}" for k in ("steps", "groups")
-                                                               for c in ("train", "val"))}
+    assert set(infos) == {f"{prefix}.dlq", f"{prefix}.policy", f"{prefix}.stats",
+                          *(f"{prefix}.{k}.{c}" for k in ("steps", "groups") for c in ("train", "val"))}
     assert infos[steps_topic("train", prefix)].partitions == 4
     assert infos[groups_topic("val", prefix)].partitions == 1
     groups_config = infos[groups_topic("train", prefix)].config
@@ -24,6 +24,7 @@ def test_provisioning_is_idempotent_and_applies_settings(bootstrap_servers: str,
     assert groups_config["retention.bytes"] == "7000000"
     assert groups_config["max.message.bytes"] == str(settings.max_message_bytes)
     assert infos[policy_topic(prefix)].config["cleanup.policy"] == "compact"
+    assert infos[f"{prefix}.stats"].config["cleanup.policy"] == "compact"
 
 
 def test_changed_settings_are_applied_to_existing_topics(bootstrap_servers: str, prefix: str):
@@ -40,7 +41,8 @@ def test_topics_cli_lists_partitions_offsets_and_configs(bootstrap_servers: str,
                      "--channels", "train")
     assert result.returncode == 0, result.stderr
     lines = {line.split()[0]: line for line in result.stdout.splitlines()[2:]}
-    assert set(lines) == {f"{prefix}.dlq", f"{prefix}.policy", f"{prefix}.steps.train", f"{prefix}.groups.train"}
+    assert set(lines) == {f"{prefix}.dlq", f"{prefix}.policy", f"{prefix}.stats", f"{prefix}.steps.train",
+                          f"{prefix}.groups.train"}
     assert lines[f"{prefix}.steps.train"].split()[1] == "8"
     assert "0,0,0,0,0,0,0,0" in lines[f"{prefix}.steps.train"]
     assert "cleanup.policy=compact" in lines[f"{prefix}.policy"]

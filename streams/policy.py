@@ -1,0 +1,81 @@
+"""The trainer's current policy version on ``{prefix}.policy`` (compacted).
+
+Key: a channel name, or ``global`` for every channel. Value: UTF-8 JSON
+``{"version": <int>, "published_at": <unix seconds>}``. Readers take the newest
+value of the channel's key, else of ``global``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from streams.topics import DEFAULT_PREFIX, policy_topic
+
+log = logging.getLogger(__name__)
+
+GLOBAL = "global"
+CONTENT_TYPE = "application/json; schema=trajbus.policy-version; v=1"
+
+
+def encode_policy_version(version: int) -> bytes:
+    if type(version) is not int:
+        raise ValueError(f"version: must be an integer, got {version!r}")
+    return json.dumps({"version": version, "published_at": time.time()}).encode()
+
+
+def decode_policy_version(value: bytes) -> int:
+    try:
+        version = json.loads(value)["version"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"not a policy version record: {exc}") from None
+    if type(version) is not int:
+        raise ValueError(f"policy version is not an integer: {version!r}")
+    return version
+
+
+def publish_policy_version(bootstrap_servers: str, version: int, channel: str = GLOBAL,
+                           prefix: str = DEFAULT_PREFIX, timeout: float = 30.0) -> None:
+    """Write ``version`` for ``channel`` and return once the broker acknowledged it."""
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "logger": log})
+    producer.produce(policy_topic(prefix), key=channel.encode(), value=encode_policy_version(version),
+                     headers=[("content-type", CONTENT_TYPE.encode())])
+    if producer.flush(timeout):
+        raise RuntimeError(f"policy version {version} not acknowledged within {timeout}s")
+
+
+class PolicyWatcher:
+    """Follows the policy topic in a background thread; ``current`` is a dict look-up."""
+
+    def __init__(self, bootstrap_servers: str, prefix: str = DEFAULT_PREFIX) -> None:
+        self._versions: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"{prefix}.policy-watcher",
+                                   "enable.auto.commit": False, "fetch.wait.max.ms": 100, "logger": log})
+        self._consumer.assign([TopicPartition(policy_topic(prefix), 0, 0)])
+        self._thread = threading.Thread(target=self._run, name="policy-watcher", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            message = self._consumer.poll(0.2)
+            if message is None or message.error() or message.key() is None:
+                continue
+            try:
+                self._versions[message.key().decode()] = decode_policy_version(message.value())
+            except (ValueError, UnicodeDecodeError) as exc:
+                log.warning("ignoring policy record at offset %d: %s", message.offset(), exc)
+        self._consumer.close()
+
+    def current(self, channel: str) -> int | None:
+        """The newest version for ``channel`` (else ``global``), or None if none was published."""
+        version = self._versions.get(channel)
+        return self._versions.get(GLOBAL) if version is None else version
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)

@@ -1,0 +1,109 @@
+"""What the stream processor does, per channel: group size, filters, timeouts, queue bound."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from streams.topics import DEFAULT_CHANNELS, TopicSettings, validate_channel
+
+STALE_ACTIONS = ("drop", "tag")
+
+
+def import_dotted(path: str) -> Any:
+    """``package.module:attr`` or ``package.module.attr`` -> the object; ``ValueError`` naming the path."""
+    module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"group_filter: {path!r} is not a dotted path like package.module.function")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"group_filter: cannot import {path!r} ({exc})") from None
+
+
+@dataclass(frozen=True)
+class ChannelSettings:
+    """Assembly and filtering rules of one channel; every field has a safe default."""
+
+    n_rollouts: int = 4
+    """Group size when a group registers none."""
+    max_staleness: int | None = None
+    """Drop (or tag) groups whose oldest policy_version is more than this behind the policy topic."""
+    stale_action: str = "drop"
+    drop_equal_rewards: bool = False
+    """Drop groups whose trajectories all have the same reward: GRPO learns nothing from them."""
+    group_filter: str | None = None
+    """Dotted path of ``f(group: ReadyGroup) -> bool | tuple[bool, str]``; False drops the group."""
+    group_timeout: float | None = None
+    """Seconds from a group's first event until it is emitted partially or dropped."""
+    min_rollouts: int = 1
+    """Complete trajectories a timed-out group needs to be emitted as ``partial``."""
+    max_queue_size: int | None = None
+    """Ready groups the trainer may fall behind before the oldest are dropped from the log."""
+
+    def __post_init__(self) -> None:
+        def positive(name: str, value: Any, allow_none: bool = False) -> None:
+            if value is None and allow_none:
+                return
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+
+        positive("n_rollouts", self.n_rollouts)
+        positive("min_rollouts", self.min_rollouts)
+        positive("max_queue_size", self.max_queue_size, allow_none=True)
+        if self.max_staleness is not None and (type(self.max_staleness) is not int or self.max_staleness < 0):
+            raise ValueError(f"max_staleness: must be a non-negative integer, got {self.max_staleness!r}")
+        if self.stale_action not in STALE_ACTIONS:
+            raise ValueError(f"stale_action: must be one of {STALE_ACTIONS}, got {self.stale_action!r}")
+        if self.group_timeout is not None and not (
+                isinstance(self.group_timeout, (int, float)) and self.group_timeout > 0):
+            raise ValueError(f"group_timeout: must be a positive number of seconds, got {self.group_timeout!r}")
+        if self.group_filter is not None:
+            self.load_group_filter()  # fail at start-up, not at the first ready group
+
+    def load_group_filter(self) -> Callable | None:
+        if self.group_filter is None:
+            return None
+        function = import_dotted(self.group_filter)
+        if not callable(function):
+            raise ValueError(f"group_filter: {self.group_filter!r} is not callable")
+        return function
+
+    def replace(self, **changes: Any) -> "ChannelSettings":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"{sorted(unknown)[0]}: not a channel setting")
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class WorkerSettings:
+    """The stream processor's settings: topics, channels, and each channel's rules."""
+
+    topics: TopicSettings = field(default_factory=TopicSettings)
+    channels: tuple[str, ...] = DEFAULT_CHANNELS
+    default: ChannelSettings = field(default_factory=ChannelSettings)
+    overrides: dict[str, ChannelSettings] = field(default_factory=dict)
+    stats_interval: float = 2.0
+    """Seconds between statistics snapshots (Kafka topic and Prometheus gauges)."""
+    metrics_port: int | None = None
+    """Serve Prometheus metrics on this port (0: any free port)."""
+    emitted_ttl: float = 24 * 3600.0
+    """Seconds an emitted group is remembered: its late events go to the DLQ, not into a new group."""
+
+    def __post_init__(self) -> None:
+        self.channels = tuple(validate_channel(c) for c in self.channels)
+        if not self.channels:
+            raise ValueError("channels: at least one channel is needed")
+        for channel in self.overrides:
+            if channel not in self.channels:
+                raise ValueError(f"channel: settings given for {channel!r}, which the worker does not process")
+
+    @property
+    def app_id(self) -> str:
+        return f"{self.topics.prefix}-worker"
+
+    def channel(self, channel: str) -> ChannelSettings:
+        return self.overrides.get(channel, self.default)

@@ -1,0 +1,94 @@
+"""The stream processor's statistics: Prometheus metrics, and snapshots on Kafka.
+
+The Prometheus registry is the one source of truth. Every few seconds each
+worker also writes a snapshot of it to ``{prefix}.stats`` (compacted, keyed by
+worker id), so ``trajbus stats`` can add up all workers with nothing but Kafka.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections import defaultdict
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32, float("inf"))
+
+
+class WorkerMetrics:
+    """Counters and gauges per channel, named ``trajbus_worker_*``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
+        self.events = Counter("trajbus_worker_events", "Step events read, by kind", ["channel", "kind"], registry=r)
+        self.duplicates = Counter("trajbus_worker_duplicate_events", "Redelivered events counted once",
+                                  ["channel"], registry=r)
+        self.late = Counter("trajbus_worker_late_events", "Events for groups already emitted or dropped",
+                            ["channel"], registry=r)
+        self.dlq = Counter("trajbus_worker_dlq_records", "Records written to the DLQ, by reason",
+                           ["channel", "reason"], registry=r)
+        self.trajectories = Counter("trajbus_worker_trajectories_completed", "Trajectories completed",
+                                    ["channel"], registry=r)
+        self.groups = Counter("trajbus_worker_groups", "Groups by outcome: ready, partial, emitted",
+                              ["channel", "outcome"], registry=r)
+        self.dropped = Counter("trajbus_worker_groups_dropped", "Groups dropped, by reason",
+                               ["channel", "reason"], registry=r)
+        self.pending_groups = Gauge("trajbus_worker_pending_groups", "Groups still assembling", ["channel"],
+                                    registry=r)
+        self.pending_trajectories = Gauge("trajbus_worker_pending_trajectories",
+                                          "Trajectories of groups still assembling", ["channel"], registry=r)
+        self.queue_depth = Gauge("trajbus_groups_queue_depth", "Ready groups the trainer has not consumed",
+                                 ["channel"], registry=r)
+        self.policy_version = Gauge("trajbus_worker_policy_version", "Newest version on the policy topic",
+                                    ["channel"], registry=r)
+        self.staleness = Histogram("trajbus_worker_group_staleness",
+                                   "Policy versions between a group's oldest step and the current policy",
+                                   ["channel"], buckets=STALENESS_BUCKETS, registry=r)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every sample of the registry as ``[name, labels, value]``, stamped with worker and time."""
+        samples = [[s.name, s.labels, s.value] for metric in self.registry.collect() for s in metric.samples
+                   if not s.name.endswith("_created")]
+        return {"worker_id": self.worker_id, "updated_at": time.time(), "samples": samples}
+
+
+def summarize(snapshots: list[dict[str, Any]], live_within: float = 30.0) -> dict[str, dict[str, Any]]:
+    """Per channel: counters summed over every worker, gauges summed over live workers only."""
+    now = time.time()
+    channels: dict[str, dict[str, Any]] = defaultdict(lambda: defaultdict(float))
+    for snapshot in snapshots:
+        live = now - snapshot["updated_at"] <= live_within
+        for name, labels, value in snapshot["samples"]:
+            channel = labels.get("channel")
+            if channel is None:
+                continue
+            row = channels[channel]
+            short = name.removeprefix("trajbus_worker_").removeprefix("trajbus_")
+            if name.endswith("_total"):
+                detail = labels.get("kind") or labels.get("outcome") or labels.get("reason")
+                key = short.removesuffix("_total") + (f"[{detail}]" if detail else "")
+                row[key] += value
+            elif name.endswith("_bucket"):
+                row.setdefault("staleness_le", defaultdict(float))[labels["le"]] += value
+            elif name.endswith(("_count", "_sum")):
+                row[short] += value
+            elif live:
+                if short in ("queue_depth", "policy_version"):
+                    row[short] = max(row.get(short, value), value)
+                else:
+                    row[short] += value
+    return {c: dict(v) for c, v in channels.items()}
+
+
+def encode_snapshot(snapshot: dict[str, Any]) -> bytes:
+    return json.dumps(snapshot).encode()
+
+
+def decode_snapshot(value: bytes) -> dict[str, Any]:
+    return json.loads(value)
