@@ -119,7 +119,7 @@ def _wait_for_leaders(admin: AdminClient, names: list[str], timeout: float) -> N
         time.sleep(0.1)
 
 
-def _watermarks(probe: Consumer, partition: TopicPartition, timeout: float) -> tuple[int, int]:
+def watermarks(probe: Consumer, partition: TopicPartition, timeout: float) -> tuple[int, int]:
     """Log start and end offsets; retried while a new partition's leader is being elected."""
     deadline = time.monotonic() + timeout
     while True:
@@ -158,7 +158,7 @@ def describe_topics(bootstrap_servers: str, names: list[str] | None = None, pref
         for name in chosen:
             starts, ends = [], []
             for partition in sorted(metadata[name].partitions):
-                low, high = _watermarks(probe, TopicPartition(name, partition), timeout)
+                low, high = watermarks(probe, TopicPartition(name, partition), timeout)
                 starts.append(low)
                 ends.append(high)
             infos.append(TopicInfo(name, len(starts), starts, ends, configs.get(name, {})))
@@ -200,7 +200,7 @@ def consumer_group_lag(bootstrap_servers: str, group_id: str, topic: str, timeou
         committed = probe.committed([TopicPartition(topic, p) for p in sorted(partitions)], timeout=timeout)
         result = []
         for tp in committed:
-            low, high = _watermarks(probe, TopicPartition(topic, tp.partition), timeout)
+            low, high = watermarks(probe, TopicPartition(topic, tp.partition), timeout)
             result.append(PartitionLag(tp.partition, low, high, tp.offset if tp.offset >= 0 else None))
         return result
     finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from typing import Callable
 
 from infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
@@ -156,6 +157,47 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- stats ----------------------------------------------------------------------
+
+STATS_COLUMNS = [
+    ("events[step]", "steps in"), ("trajectories_completed", "traj done"), ("groups[ready]", "ready"),
+    ("groups[partial]", "partial"), ("groups[emitted]", "emitted"), ("pending_groups", "pending"),
+    ("pending_trajectories", "pend traj"), ("queue_depth", "queue"), ("duplicate_events", "dups"),
+    ("late_events", "late"), ("policy_version", "policy"),
+]
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from streams.stats import read_snapshots, summarize
+
+    servers = resolve_bootstrap_servers(args.bootstrap_servers)
+    snapshots = read_snapshots(servers, args.prefix)
+    summary = summarize(snapshots)
+    if args.json:
+        import json
+
+        print(json.dumps({"workers": len(snapshots), "channels": summary}, indent=2, sort_keys=True))
+        return 0
+    if not summary:
+        print(f"no worker statistics under prefix {args.prefix!r} yet (is `trajbus worker` running?)")
+        return 0
+    live = sum(1 for s in snapshots if time.time() - s["updated_at"] < 30)
+    print(f"workers: {live} live, {len(snapshots)} seen")
+    print(f"{'channel':<12}" + "".join(f"{title:>11}" for _, title in STATS_COLUMNS))
+    for channel, row in sorted(summary.items()):
+        print(f"{channel:<12}" + "".join(f"{row.get(key, 0):>11.0f}" for key, _ in STATS_COLUMNS))
+    for channel, row in sorted(summary.items()):
+        drops = {k[len("groups_dropped["):-1]: v for k, v in row.items() if k.startswith("groups_dropped[")}
+        dlq = {k[len("dlq_records["):-1]: v for k, v in row.items() if k.startswith("dlq_records[")}
+        if drops or dlq:
+            print(f"{channel}: dropped " + (", ".join(f"{k}={v:.0f}" for k, v in sorted(drops.items())) or "none")
+                  + "; dlq " + (", ".join(f"{k}={v:.0f}" for k, v in sorted(dlq.items())) or "none"))
+        buckets = row.get("staleness_le")
+        if buckets:
+            print(f"{channel}: staleness <= " + ", ".join(f"{le}: {n:.0f}" for le, n in buckets.items()))
+    return 0
+
+
 # -- demo -----------------------------------------------------------------------
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -212,6 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
     worker.add_argument("--faust-loglevel", default="WARNING")
     worker.set_defaults(func=cmd_worker)
+
+    stats = sub.add_parser("stats", help="statistics of the stream workers, per channel")
+    stats.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (HOST:PORT[,HOST:PORT])")
+    stats.add_argument("--prefix", default=DEFAULT_PREFIX)
+    stats.add_argument("--json", action="store_true", help="machine-readable output")
+    stats.set_defaults(func=cmd_stats)
 
     demo = sub.add_parser("demo", help="broker + worker + producer + consumer, end to end")
     demo.add_argument("--bootstrap-servers", help="use this cluster instead of a throw-away embedded broker")

@@ -34,7 +34,7 @@ import faust
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client import start_http_server
 
-from infra.topics import consumer_group_lag, delete_records_before
+from infra.topics import consumer_group_lag, delete_records_before, watermarks
 from streams import codec
 from streams.assembly import Outcome, PendingGroup
 from streams.dlq import dlq_headers
@@ -79,6 +79,42 @@ class StateKey:
         return cls(int(partition), kind, channel, prompt_uid)
 
 
+@dataclass(frozen=True)
+class SourceRecord:
+    """A steps-topic record read directly (not through Faust), shaped like Faust's message."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list
+
+
+def read_range(bootstrap_servers: str, topic: str, partition: int, start: int, end: int) -> list[SourceRecord]:
+    """Records of one partition with ``start <= offset < end`` (fewer where the log has gaps)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "trajbus.read-range",
+                         "enable.auto.commit": False, "enable.partition.eof": True, "logger": log})
+    records: list[SourceRecord] = []
+    try:
+        consumer.assign([TopicPartition(topic, partition, start)])
+        while True:
+            message = consumer.poll(5.0)
+            if message is None:
+                raise RuntimeError(f"no records from {topic}[{partition}] at {start}..{end - 1} within 5 s")
+            if message.error():
+                break  # end of partition
+            if message.offset() >= end:
+                break
+            records.append(SourceRecord(topic, partition, message.offset(), message.key(), message.value(),
+                                        list(message.headers() or [])))
+            if message.offset() == end - 1:
+                break
+    finally:
+        consumer.close()
+    return records
+
+
 class PartitionKeyedTable(faust.Table):
     """A table whose keys name their own changelog partition (the source partition)."""
 
@@ -111,6 +147,8 @@ class GroupAssembler:
                                                     for c in settings.channels}
         self.locks: dict[int, asyncio.Lock] = {}
         self.reconciled: set[int] = set()
+        self.expected: dict[tuple[str, int], int] = {}
+        """Next source offset to apply per (channel, partition), loaded from the table."""
         self.policy: PolicyWatcher | None = None
         self.stats_producer: Producer | None = None
         self._last_expiry = 0.0
@@ -147,20 +185,54 @@ class GroupAssembler:
         channel = channel_of(message.topic, self.prefix)
         async with self.lock(partition):
             await self.ensure_reconciled(partition)
-            try:
-                record = codec.decode(message.value)
-                if not isinstance(record, (Step, TrajectoryEnd)):
-                    raise codec.DecodeError(f"a {type(record).__name__} does not belong on a steps topic")
-                record.validate()
-            except ValueError as exc:
-                await self.to_dlq(message, channel, f"undecodable: {exc}")
+            expected = self.next_offset(channel, partition, message.offset)
+            if message.offset < expected:
+                self.metrics.duplicates.labels(channel).inc()  # a replay: already applied
                 return
-            if record.channel is not None and record.channel != channel:
-                await self.to_dlq(message, channel,
-                                  f"channel_mismatch: record says {record.channel!r}, topic is {channel!r}")
-                return
-            self.metrics.events.labels(channel, "step" if isinstance(record, Step) else "trajectory_end").inc()
-            await self.apply(partition, channel, record, message)
+            if message.offset > expected:
+                # Faust resumed past what the table applied (it can drop records it
+                # fetched during a rebalance): read the skipped range directly.
+                log.warning("source offsets %d..%d of %s[%d] skipped by the consumer; reading them directly",
+                            expected, message.offset - 1, message.topic, partition)
+                skipped = await asyncio.to_thread(read_range, self.bootstrap_servers, message.topic, partition,
+                                                  expected, message.offset)
+                for record in skipped:
+                    await self.apply_at(channel, partition, record)
+            await self.apply_at(channel, partition, message)
+
+    def next_offset(self, channel: str, partition: int, offset: int) -> int:
+        """The next source offset to apply, from memory or else from the recovered table."""
+        position = (channel, partition)
+        if position not in self.expected:
+            applied = self.state.get(StateKey(partition, "o", channel).encode())
+            self.expected[position] = int(applied) + 1 if applied is not None else offset
+        return self.expected[position]
+
+    async def apply_at(self, channel: str, partition: int, message: Any) -> None:
+        try:
+            await self.process(channel, partition, message)
+        finally:
+            # The position is state too: written after the event's own writes, to the
+            # same changelog partition, so state and position are recovered together.
+            self.state[StateKey(partition, "o", channel).encode()] = str(message.offset).encode()
+            self.expected[(channel, partition)] = message.offset + 1
+
+    async def process(self, channel: str, partition: int, message: Any) -> None:
+        """Decode, check and apply one event; what cannot be applied goes to the DLQ."""
+        try:
+            record = codec.decode(message.value)
+            if not isinstance(record, (Step, TrajectoryEnd)):
+                raise codec.DecodeError(f"a {type(record).__name__} does not belong on a steps topic")
+            record.validate()
+        except ValueError as exc:
+            await self.to_dlq(message, channel, f"undecodable: {exc}")
+            return
+        if record.channel is not None and record.channel != channel:
+            await self.to_dlq(message, channel,
+                              f"channel_mismatch: record says {record.channel!r}, topic is {channel!r}")
+            return
+        self.metrics.events.labels(channel, "step" if isinstance(record, Step) else "trajectory_end").inc()
+        await self.apply(partition, channel, record, message)
 
     async def apply(self, partition: int, channel: str, record: Step | TrajectoryEnd, message: Any) -> None:
         marker = self.state.get(StateKey(partition, "e", channel, record.prompt_uid).encode())
@@ -175,9 +247,6 @@ class GroupAssembler:
         stored = self.state.get(key)
         group = PendingGroup.from_record(codec.decode(stored)) if stored is not None \
             else PendingGroup(prompt_uid=record.prompt_uid, channel=channel)
-        if message.offset <= group.last_offset:
-            self.metrics.duplicates.labels(channel).inc()
-            return
         complete_before = len(group.complete_trajectories())
         outcome = group.add(record, self.settings.channel(channel).n_rollouts)
         if outcome is Outcome.UNKNOWN_TRAJECTORY:
@@ -203,15 +272,18 @@ class GroupAssembler:
         if verdict.staleness is not None:
             self.metrics.staleness.labels(channel).observe(verdict.staleness)
         if verdict.keep:
-            await self.emit(partition, group, ready)
-            outcome = "emitted"
+            groups_partition, offset = await self.emit(partition, group, ready)
+            # Marker before watermark: both go to one changelog partition, in order, so
+            # a recovered watermark always implies the markers of the groups below it.
+            self.record_outcome(partition, group, "emitted")
+            self.advance_watermark(partition, channel, groups_partition, offset)
         else:
             self.metrics.dropped.labels(channel, verdict.reason).inc()
-            outcome = f"dropped ({verdict.reason})"
             log.info("group dropped channel=%s prompt_uid=%s reason=%s", channel, group.prompt_uid, verdict.reason)
-        self.record_outcome(partition, group, outcome)
+            self.record_outcome(partition, group, f"dropped ({verdict.reason})")
 
-    async def emit(self, partition: int, group: PendingGroup, ready: ReadyGroup) -> None:
+    async def emit(self, partition: int, group: PendingGroup, ready: ReadyGroup) -> tuple[int, int]:
+        """Write the group and wait for the broker's acknowledgement; returns (partition, offset)."""
         ready.ready_at = time.time()
         headers = codec.headers_for(ready) + [
             (SOURCE_PARTITION, str(partition).encode()), (SOURCE_OFFSET, str(group.last_offset).encode()),
@@ -219,11 +291,11 @@ class GroupAssembler:
         sent = await self.outputs[group.channel].send(key=ready.prompt_uid.encode(), value=codec.encode(ready),
                                                       headers=headers)
         metadata = await sent  # the broker's acknowledgement, before the table says "emitted"
-        self.advance_watermark(partition, group.channel, metadata.partition, metadata.offset)
         self.metrics.groups.labels(group.channel, "emitted").inc()
         log.info("group emitted channel=%s prompt_uid=%s status=%s trajectories=%d steps=%d offset=%d",
                  group.channel, ready.prompt_uid, ready.status, len(ready.trajectory_uids), len(ready.steps),
                  metadata.offset)
+        return metadata.partition, metadata.offset
 
     def record_outcome(self, partition: int, group: PendingGroup, outcome: str) -> None:
         self.state[StateKey(partition, "e", group.channel, group.prompt_uid).encode()] = json.dumps(
@@ -238,6 +310,11 @@ class GroupAssembler:
             self.state[key] = json.dumps(marks).encode()
 
     # -- recovery ------------------------------------------------------------------
+    def forget_positions(self) -> None:
+        """After a rebalance, positions and reconciliation are re-read from the recovered table."""
+        self.reconciled.clear()
+        self.expected.clear()
+
     async def ensure_reconciled(self, partition: int) -> None:
         """Once per assignment: record what earlier owners emitted from this partition but did not record."""
         if partition in self.reconciled:
@@ -266,13 +343,13 @@ class GroupAssembler:
             pending = set()
             assignment = []
             for p in partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                low, high = watermarks(consumer, TopicPartition(topic, p), 10)
                 start = max(low, marks.get(str(p), -1) + 1)
                 if start < high:
                     assignment.append(TopicPartition(topic, p, start))
                     pending.add(p)
             consumer.assign(assignment)
-            ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in assignment}
+            ends = {tp.partition: watermarks(consumer, tp, 10)[1] for tp in assignment}
             while pending:
                 message = consumer.poll(1.0)
                 if message is None:
@@ -414,20 +491,23 @@ def build_app(bootstrap_servers: str, settings: WorkerSettings) -> tuple[faust.A
         topic_disable_leader=True,
         web_enabled=False,
         consumer_auto_offset_reset="earliest",
+        table_standby_replicas=0,
         # Latency over batching: a group should be fetchable milliseconds after its
-        # last step. The producer sends at once, processing starts right after
-        # recovery, and offsets are committed every 100 events or 0.5 s (replays
-        # after a crash are recognised by offset, so a longer interval would only
-        # cost more replay, never a duplicate).
+        # last step, so the producer sends at once and offsets are committed every
+        # 100 events or 0.5 s. Correctness does not rest on these commits: the table
+        # holds its own source positions, so a longer interval only costs replay.
         producer_linger=0.0,
         stream_wait_empty=False,
-        stream_recovery_delay=0.0,
         broker_commit_every=100,
         broker_commit_interval=0.5,
+        # A dead worker's partitions move to the others after 10 s, not Faust's default 60 s.
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=1.0,
         producer_max_request_size=settings.topics.max_message_bytes,
         consumer_max_fetch_size=settings.topics.max_message_bytes,
     )
     assembler = GroupAssembler(app, bootstrap_servers, settings)
+
     source = app.topic(*(steps_topic(c, settings.topics.prefix) for c in settings.channels),
                        key_serializer="raw", value_serializer="raw")
 
@@ -441,11 +521,11 @@ def build_app(bootstrap_servers: str, settings: WorkerSettings) -> tuple[faust.A
         await assembler.tick()
 
     @app.on_partitions_revoked.connect
-    async def forget_reconciliation(app: faust.App, revoked: set, **kwargs: Any) -> None:
-        assembler.reconciled.clear()
+    async def forget_positions_on_revoke(app: faust.App, revoked: set, **kwargs: Any) -> None:
+        assembler.forget_positions()
 
     @app.on_partitions_assigned.connect
-    async def reconcile_again(app: faust.App, assigned: set, **kwargs: Any) -> None:
-        assembler.reconciled.clear()
+    async def forget_positions_on_assign(app: faust.App, assigned: set, **kwargs: Any) -> None:
+        assembler.forget_positions()
 
     return app, assembler

@@ -69,7 +69,7 @@ def summarize(snapshots: list[dict[str, Any]], live_within: float = 30.0) -> dic
             if channel is None:
                 continue
             row = channels[channel]
-            short = name.removeprefix("trajbus_worker_").removeprefix("trajbus_")
+            short = name.removeprefix("trajbus_worker_").removeprefix("trajbus_groups_")
             if name.endswith("_total"):
                 detail = labels.get("kind") or labels.get("outcome") or labels.get("reason")
                 key = short.removesuffix("_total") + (f"[{detail}]" if detail else "")
@@ -92,3 +92,40 @@ def encode_snapshot(snapshot: dict[str, Any]) -> bytes:
 
 def decode_snapshot(value: bytes) -> dict[str, Any]:
     return json.loads(value)
+
+
+def read_snapshots(bootstrap_servers: str, prefix: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The newest snapshot of every worker that ever wrote one, read from the compacted stats topic."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from infra.topics import watermarks
+    from streams.topics import stats_topic
+
+    topic = stats_topic(prefix)
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"{prefix}.stats-reader",
+                         "enable.auto.commit": False})
+    latest: dict[bytes, dict[str, Any]] = {}
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return []
+        assignment = []
+        ends = {}
+        for p in metadata.partitions:
+            low, high = watermarks(consumer, TopicPartition(topic, p), timeout)
+            if high > low:
+                assignment.append(TopicPartition(topic, p, low))
+                ends[p] = high
+        consumer.assign(assignment)
+        deadline = time.monotonic() + timeout
+        while ends and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error():
+                continue
+            if message.value() is not None:
+                latest[message.key()] = decode_snapshot(message.value())
+            if message.offset() + 1 >= ends.get(message.partition(), 0):
+                ends.pop(message.partition(), None)
+    finally:
+        consumer.close()
+    return list(latest.values())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 from confluent_kafka import Producer
@@ -14,49 +13,7 @@ from streams.dlq import REASON, SOURCE_OFFSET, SOURCE_TOPIC
 from streams.producer import StepProducer
 from streams.records import Step
 from streams.topics import dlq_topic, steps_topic
-from tests.helpers import end_offsets, read_topic
-
-
-def group_steps(prompt_uid: str, trajectories_per_group: int, n_steps: int, rng: random.Random,
-                **extra) -> list[list[Step]]:
-    """Per trajectory, its steps in order; the last one carries the reward."""
-    trajectories = []
-    for r in range(trajectories_per_group):
-        steps = []
-        for i in range(n_steps):
-            response = [rng.randrange(150000) for _ in range(rng.randint(1, 8))]
-            steps.append(Step(
-                prompt_ids=[rng.randrange(150000) for _ in range(rng.randint(1, 12))], response_ids=response,
-                trajectory_uid=f"{prompt_uid}/t{r}", prompt_uid=prompt_uid, step_index=i,
-                reward=float(r) if i == n_steps - 1 else 0.0, is_last=i == n_steps - 1,
-                rollout_log_probs=[-0.5] * len(response), metadata={"i": i}, **extra,
-            ))
-        trajectories.append(steps)
-    return trajectories
-
-
-def interleave(trajectories: list[list[Step]], rng: random.Random) -> list[Step]:
-    """A random merge that keeps each trajectory's own order (as concurrent agents produce)."""
-    queues = [list(t) for t in trajectories]
-    merged = []
-    while queues:
-        i = rng.randrange(len(queues))
-        merged.append(queues[i].pop(0))
-        if not queues[i]:
-            queues.pop(i)
-    return merged
-
-
-def fetch_groups(consumer: BatchConsumer, count: int, timeout: float) -> list:
-    groups = []
-    deadline = time.monotonic() + timeout
-    while len(groups) < count:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"only {len(groups)} of {count} groups arrived within {timeout}s"
-        group = consumer.fetch_group(timeout=min(remaining, 2.0))
-        if group is not None:
-            groups.append(group)
-    return groups
+from tests.helpers import end_offsets, fetch_groups, group_steps, interleave, read_topic
 
 
 def test_200_groups_arrive_exactly_once_complete_and_in_order(bootstrap_servers, prefix, start_worker):
