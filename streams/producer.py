@@ -50,13 +50,15 @@ class _Acks:
         return self.delivered + len(self.errors) >= self.expected
 
 
-def _as_step(step: Step | Mapping[str, Any], channel: str) -> Step:
+def _as_step(step: Step | Mapping[str, Any], channel: str, n_rollouts: int | None) -> Step:
     if isinstance(step, Mapping):
         step = Step.from_dict(step)
     elif not isinstance(step, Step):
         raise ValueError(f"steps: expected Step or dict, got {type(step).__name__}")
     else:
         step.validate()
+    if n_rollouts is not None and step.n_rollouts is None:
+        step = dataclasses.replace(step, n_rollouts=n_rollouts)
     if step.channel is None:
         return dataclasses.replace(step, channel=channel)
     if step.channel != channel:
@@ -138,10 +140,17 @@ class StepProducer:
                                 f"{acks.errors[0].str()}")
         return acks.delivered
 
-    def submit_steps(self, steps: Iterable[Step | Mapping[str, Any]], channel: str = "train") -> int:
-        """Publish steps (``Step`` or dicts); returns how many the broker acknowledged."""
+    def submit_steps(self, steps: Iterable[Step | Mapping[str, Any]], channel: str = "train",
+                     n_rollouts: int | None = None) -> int:
+        """Publish steps (``Step`` or dicts); returns how many the broker acknowledged.
+
+        ``n_rollouts`` registers the group size on steps that carry none, so the
+        worker waits for that many trajectories instead of the channel default.
+        """
         validate_channel(channel)
-        records = [_as_step(step, channel) for step in steps]  # all validated before any is sent
+        if n_rollouts is not None and (type(n_rollouts) is not int or n_rollouts < 1):
+            raise ValueError(f"n_rollouts: must be a positive integer, got {n_rollouts!r}")
+        records = [_as_step(step, channel, n_rollouts) for step in steps]  # all validated before any is sent
         if not records:
             return 0
         return self._publish(self._topic(channel), records)

@@ -54,6 +54,14 @@ def read_topic(bootstrap_servers: str, topic: str, min_count: int = 0, timeout: 
 
 
 
+def read_to_end(bootstrap_servers: str, topic: str, timeout: float = 30.0) -> list[Message]:
+    """Every record of ``topic`` up to its current end."""
+    from infra.topics import describe_topics
+
+    total = describe_topics(bootstrap_servers, names=[topic])[0].records
+    return read_topic(bootstrap_servers, topic, min_count=total, timeout=timeout)
+
+
 def end_offsets(bootstrap_servers: str, topic: str) -> list[int]:
     from infra.topics import describe_topics
 

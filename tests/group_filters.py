@@ -1,0 +1,10 @@
+"""A group filter loaded by dotted path in the worker tests (slime's dynamic-sampling shape)."""
+
+from streams.records import ReadyGroup
+
+
+def drop_marked(group: ReadyGroup) -> tuple[bool, str]:
+    """Drop groups whose prompt_uid ends in ``-drop``, naming why."""
+    if group.prompt_uid.endswith("-drop"):
+        return False, "marked"
+    return True, ""

@@ -1,0 +1,173 @@
+"""Filters, duplicates, late steps, timeouts and bad events, against one worker on the real broker.
+
+One worker serves a channel per rule, configured the way an operator would:
+``--channel-setting CHANNEL.SETTING=VALUE``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from consumers import BatchConsumer
+from pipelines.processes import worker_process
+from streams import codec
+from streams.dlq import REASON
+from streams.policy import publish_policy_version
+from streams.producer import StepProducer
+from streams.records import ReadyGroup, Step
+from streams.stats import read_snapshots, summarize
+from streams.topics import TopicSettings, dlq_topic, steps_topic
+from infra.topics import ensure_topics
+from tests.helpers import fetch_groups, group_steps, read_to_end, trajbus, wait_for
+
+CHANNELS = "train,stale,tagged,flat,custom,timeout"
+RULES = [
+    "stale.max_staleness=1", "tagged.max_staleness=1", "tagged.stale_action=tag",
+    "flat.drop_equal_rewards=true", "custom.group_filter=tests.group_filters:drop_marked",
+    "timeout.group_timeout=3", "timeout.min_rollouts=2",
+]
+
+
+@pytest.fixture(scope="module")
+def rules(bootstrap_servers: str, tmp_path_factory: pytest.TempPathFactory):
+    prefix = f"r{uuid.uuid4().hex[:10]}"
+    ensure_topics(bootstrap_servers, TopicSettings(prefix=prefix).specs(CHANNELS.split(",")))
+    extra = [arg for rule in RULES for arg in ("--channel-setting", rule)]
+    log = Path(tmp_path_factory.mktemp("rules")) / "worker.log"
+    worker = worker_process(bootstrap_servers, prefix, log, channels=CHANNELS, n_rollouts=2, extra=extra).start()
+    producer = StepProducer(bootstrap_servers, prefix=prefix)
+    yield prefix, producer
+    producer.close()
+    worker.stop()
+
+
+def stats(bootstrap_servers: str, prefix: str, channel: str) -> dict:
+    return summarize(read_snapshots(bootstrap_servers, prefix)).get(channel, {})
+
+
+def a_group(uid: str, rewards: list[float], version: int = 0, n_steps: int = 1) -> list[Step]:
+    trajectories = group_steps(uid, len(rewards), n_steps, random.Random(uid))
+    for trajectory, reward in zip(trajectories, rewards):
+        for step in trajectory:
+            step.policy_version = version
+        trajectory[-1].reward = reward
+    return [s for t in trajectories for s in t]
+
+
+def only_group(bootstrap_servers: str, prefix: str, channel: str, timeout: float = 60) -> ReadyGroup:
+    with BatchConsumer(channel, bootstrap_servers, prefix=prefix) as consumer:
+        group = fetch_groups(consumer, 1, timeout)[0]
+        assert consumer.fetch_group(timeout=2.0) is None
+    return group
+
+
+def dlq_reasons(bootstrap_servers: str, prefix: str) -> list[str]:
+    return [dict(m.headers())[REASON].decode() for m in read_to_end(bootstrap_servers, dlq_topic(prefix))]
+
+
+def test_stale_groups_are_dropped_and_counted(bootstrap_servers, rules):
+    prefix, producer = rules
+    publish_policy_version(bootstrap_servers, 5, prefix=prefix)
+    wait_for(lambda: stats(bootstrap_servers, prefix, "stale").get("policy_version") == 5, 60,
+             "the worker to see policy version 5")
+    producer.submit_steps(a_group("old", [0.0, 1.0], version=3), channel="stale")  # 2 behind: dropped
+    producer.submit_steps(a_group("fresh", [0.0, 1.0], version=4), channel="stale")  # 1 behind: kept
+    group = only_group(bootstrap_servers, prefix, "stale")
+    assert group.prompt_uid == "fresh" and group.metadata["staleness"] == 1
+    row = wait_for(lambda: (r := stats(bootstrap_servers, prefix, "stale")).get("groups_dropped[stale]") and r,
+                   30, "the stale drop to be counted")
+    assert row["groups_dropped[stale]"] == 1 and row["groups[emitted]"] == 1
+    assert row["staleness_le"]["1.0"] == 1 and row["staleness_le"]["2.0"] == 2
+
+
+def test_stale_groups_can_be_tagged_instead(bootstrap_servers, rules):
+    prefix, producer = rules
+    publish_policy_version(bootstrap_servers, 9, channel="tagged", prefix=prefix)
+    wait_for(lambda: stats(bootstrap_servers, prefix, "tagged").get("policy_version") == 9, 60,
+             "the worker to see policy version 9 for channel tagged")
+    producer.submit_steps(a_group("old", [0.0, 1.0], version=2), channel="tagged")
+    group = only_group(bootstrap_servers, prefix, "tagged")
+    assert group.metadata["tags"] == ["stale"] and group.metadata["staleness"] == 7
+
+
+def test_groups_without_reward_variance_are_dropped(bootstrap_servers, rules):
+    prefix, producer = rules
+    producer.submit_steps(a_group("same", [1.0, 1.0]), channel="flat")
+    producer.submit_steps(a_group("mixed", [1.0, 0.0]), channel="flat")
+    assert only_group(bootstrap_servers, prefix, "flat").prompt_uid == "mixed"
+    wait_for(lambda: stats(bootstrap_servers, prefix, "flat").get("groups_dropped[equal_rewards]") == 1, 30,
+             "the drop to be counted as equal_rewards")
+
+
+def test_custom_group_filter_by_dotted_path(bootstrap_servers, rules):
+    prefix, producer = rules
+    producer.submit_steps(a_group("p1-drop", [0.0, 1.0]), channel="custom")
+    producer.submit_steps(a_group("p2-keep", [0.0, 1.0]), channel="custom")
+    assert only_group(bootstrap_servers, prefix, "custom").prompt_uid == "p2-keep"
+    wait_for(lambda: stats(bootstrap_servers, prefix, "custom").get("groups_dropped[filtered: marked]") == 1, 30,
+             "the drop to be counted with the filter's reason")
+
+
+def test_group_timeout_emits_partial_or_drops(bootstrap_servers, rules):
+    prefix, producer = rules
+    # Both groups register 3 rollouts; the first completes 2 (>= min_rollouts), the second 1.
+    partial = a_group("partial", [0.0, 1.0, 1.0], n_steps=2)
+    producer.submit_steps([s for s in partial if not (s.trajectory_uid.endswith("t2") and s.is_last)],
+                          channel="timeout", n_rollouts=3)
+    starved = a_group("starved", [0.0, 1.0], n_steps=2)
+    producer.submit_steps([s for s in starved if s.trajectory_uid.endswith("t0")], channel="timeout", n_rollouts=3)
+    group = only_group(bootstrap_servers, prefix, "timeout", timeout=60)
+    assert group.prompt_uid == "partial" and group.status == "partial"
+    assert group.trajectory_uids == ["partial/t0", "partial/t1"] and len(group.steps) == 4
+    wait_for(lambda: stats(bootstrap_servers, prefix, "timeout").get("groups_dropped[timeout]") == 1, 30,
+             "the starved group to be dropped on timeout")
+    # A step for a group that timed out is late: it goes to the DLQ, never into a new group.
+    producer.submit_steps([s for s in starved if s.trajectory_uid.endswith("t1")][:1], channel="timeout")
+    wait_for(lambda: any(r.startswith("late: group already dropped (timeout)")
+                         for r in dlq_reasons(bootstrap_servers, prefix)), 30, "the late step on the DLQ")
+
+
+def test_duplicates_count_once_and_bad_events_go_to_dlq(bootstrap_servers, rules):
+    prefix, producer = rules
+    steps = a_group("dup", [0.0, 1.0], n_steps=2)
+    producer.submit_steps(steps[:3], channel="train")
+    producer.submit_steps(steps[:3], channel="train")  # an agent retrying a batch
+    producer.submit_steps(steps[3:], channel="train")
+    group = only_group(bootstrap_servers, prefix, "train")
+    assert [(s.trajectory_uid, s.step_index) for s in group.steps] == [(s.trajectory_uid, s.step_index)
+                                                                       for s in steps]
+    wait_for(lambda: stats(bootstrap_servers, prefix, "train").get("duplicate_events", 0) >= 3, 30,
+             "the three redelivered steps to be counted as duplicates")
+
+    producer.submit_steps(steps[-1:], channel="train")  # after emission: late
+    producer.complete_trajectory("nobody", "ghost", reward=1.0, channel="train")  # unknown trajectory
+    raw = Producer({"bootstrap.servers": bootstrap_servers, "partitioner": "murmur2_random"})
+    wrong = Step(prompt_ids=[1], response_ids=[2], trajectory_uid="x", prompt_uid="y", channel="val")
+    raw.produce(steps_topic("train", prefix), key=b"y", value=codec.encode(wrong))  # channel mismatch
+    assert raw.flush(30) == 0
+    reasons = wait_for(lambda: (r := [x for x in dlq_reasons(bootstrap_servers, prefix)
+                                      if not x.startswith("late: group already dropped")]) and len(r) >= 3 and r,
+                       60, "three DLQ records from channel train")
+    assert any(r.startswith("late: group already emitted") for r in reasons)
+    assert any(r.startswith("unknown_trajectory: nobody") for r in reasons)
+    assert any(r.startswith("channel_mismatch: record says 'val'") for r in reasons)
+
+
+def test_stats_cli_reports_per_channel(bootstrap_servers, rules):
+    prefix, producer = rules
+    producer.submit_steps(a_group("cli", [0.0, 1.0]), channel="train")
+    wait_for(lambda: stats(bootstrap_servers, prefix, "train").get("groups[emitted]", 0) >= 1, 60,
+             "a group emitted on train")
+    result = trajbus("stats", "--bootstrap-servers", bootstrap_servers, "--prefix", prefix, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["workers"] >= 1
+    assert report["channels"]["train"]["events[step]"] >= 2
+    table = trajbus("stats", "--bootstrap-servers", bootstrap_servers, "--prefix", prefix)
+    assert table.returncode == 0 and "train" in table.stdout and "emitted" in table.stdout
