@@ -57,6 +57,16 @@ class BatchConsumer:
         """The next ready group, or ``None`` if none arrives within ``timeout`` seconds
         (``None``: wait as long as it takes)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        # Fetch only while asked: between calls the partitions are paused, so groups
+        # do not pile up in this process, invisible to the worker's queue bound, and
+        # a trainer that comes back reads the freshest groups the broker kept.
+        self._consumer.resume(self._consumer.assignment())
+        try:
+            return self._poll_group(deadline)
+        finally:
+            self._consumer.pause(self._consumer.assignment())
+
+    def _poll_group(self, deadline: float | None) -> ReadyGroup | None:
         while True:
             remaining = 1.0 if deadline is None else deadline - time.monotonic()
             if remaining <= 0:

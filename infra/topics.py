@@ -213,5 +213,5 @@ def delete_records_before(bootstrap_servers: str, topic: str, partition: int, of
     admin = admin_client(bootstrap_servers)
     futures = admin.delete_records([TopicPartition(topic, partition, offset)], request_timeout=timeout)
     for future in futures.values():
-        return future.result().offset
+        return future.result().low_watermark
     raise RuntimeError(f"no answer deleting records of {topic}[{partition}]")

@@ -518,7 +518,12 @@ def build_app(bootstrap_servers: str, settings: WorkerSettings) -> tuple[faust.A
 
     @app.timer(1.0)
     async def periodic() -> None:
-        await assembler.tick()
+        try:
+            await assembler.tick()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - periodic work retries next second; assembly goes on
+            log.exception("periodic work failed; retrying in a second")
 
     @app.on_partitions_revoked.connect
     async def forget_positions_on_revoke(app: faust.App, revoked: set, **kwargs: Any) -> None:

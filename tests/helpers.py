@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Callable, TypeVar
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from consumers import BatchConsumer
@@ -36,8 +36,8 @@ def read_topic(bootstrap_servers: str, topic: str, min_count: int = 0, timeout: 
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "tests.read_topic",
-                         "enable.auto.commit": False, "fetch.wait.max.ms": 50})
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 50, "auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     done = until or (lambda got: len(got) >= min_count)
     messages: list[Message] = []
     deadline = time.monotonic() + timeout
