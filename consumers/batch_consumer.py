@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from infra.bootstrap import resolve_bootstrap_servers
 from streams import codec
@@ -47,26 +47,19 @@ class BatchConsumer:
             "enable.auto.commit": True,
             "enable.auto.offset.store": False,  # stored by hand once a group was handed out
             "fetch.wait.max.ms": 50,
+            "queued.max.messages.kbytes": 16 * 1024,
             "fetch.max.bytes": 64 * 1024 * 1024,
             **config,
         })
         self._consumer.subscribe([self.topic])
         self._dlq: Producer | None = None
+        self.trimmed = 0
+        """Prefetched groups skipped because the queue bound had dropped them meanwhile."""
 
     def fetch_group(self, timeout: float | None = None) -> ReadyGroup | None:
         """The next ready group, or ``None`` if none arrives within ``timeout`` seconds
         (``None``: wait as long as it takes)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        # Fetch only while asked: between calls the partitions are paused, so groups
-        # do not pile up in this process, invisible to the worker's queue bound, and
-        # a trainer that comes back reads the freshest groups the broker kept.
-        self._consumer.resume(self._consumer.assignment())
-        try:
-            return self._poll_group(deadline)
-        finally:
-            self._consumer.pause(self._consumer.assignment())
-
-    def _poll_group(self, deadline: float | None) -> ReadyGroup | None:
         while True:
             remaining = 1.0 if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
@@ -78,10 +71,23 @@ class BatchConsumer:
                 if message.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error on %s: %s", self.topic, message.error().str())
                 continue
+            if self._trimmed(message):
+                self._consumer.store_offsets(message=message)
+                continue
             group = self._decode(message)
             self._consumer.store_offsets(message=message)
             if group is not None:
                 return group
+
+    def _trimmed(self, message: Message) -> bool:
+        """Prefetched, but since dropped from the log by the worker's queue bound: the
+        trainer wants the freshest groups the broker kept, not what sat in this process."""
+        low, _high = self._consumer.get_watermark_offsets(
+            TopicPartition(message.topic(), message.partition()), cached=True)
+        if 0 <= message.offset() < low:
+            self.trimmed += 1
+            return True
+        return False
 
     def fetch_batch(self, n_rollouts: int | None = None, timeout: float | None = None) -> list[Step] | None:
         """The steps of the next ready group, ordered by (trajectory_uid, step_index)."""

@@ -215,3 +215,13 @@ def delete_records_before(bootstrap_servers: str, topic: str, partition: int, of
     for future in futures.values():
         return future.result().low_watermark
     raise RuntimeError(f"no answer deleting records of {topic}[{partition}]")
+
+
+def end_offsets_of(bootstrap_servers: str, partitions: list[tuple[str, int]], timeout: float = 10.0) -> dict[tuple[str, int], int]:
+    """The end (high watermark) of each (topic, partition)."""
+    probe = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "trajbus.end-offsets",
+                      "enable.auto.commit": False, "logger": log})
+    try:
+        return {(topic, p): watermarks(probe, TopicPartition(topic, p), timeout)[1] for topic, p in partitions}
+    finally:
+        probe.close()

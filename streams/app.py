@@ -34,7 +34,7 @@ import faust
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client import start_http_server
 
-from infra.topics import consumer_group_lag, delete_records_before, watermarks
+from infra.topics import consumer_group_lag, delete_records_before, end_offsets_of, watermarks
 from streams import codec
 from streams.assembly import Outcome, PendingGroup
 from streams.dlq import dlq_headers
@@ -57,6 +57,8 @@ log = logging.getLogger("trajbus.worker")
 SOURCE_PARTITION = "trajbus-source-partition"
 SOURCE_OFFSET = "trajbus-source-offset"
 DROP_TIMEOUT = "timeout"
+CATCH_UP_AFTER = 3.0
+"""Seconds without events on a partition before its log end is checked against our position."""
 EXPIRE_EVERY = 60.0
 
 
@@ -149,6 +151,7 @@ class GroupAssembler:
         self.reconciled: set[int] = set()
         self.expected: dict[tuple[str, int], int] = {}
         """Next source offset to apply per (channel, partition), loaded from the table."""
+        self.last_event_at: dict[tuple[str, int], float] = {}
         self.policy: PolicyWatcher | None = None
         self.stats_producer: Producer | None = None
         self._last_expiry = 0.0
@@ -183,6 +186,7 @@ class GroupAssembler:
         message = event.message
         partition = message.partition
         channel = channel_of(message.topic, self.prefix)
+        self.last_event_at[(channel, partition)] = time.monotonic()
         async with self.lock(partition):
             await self.ensure_reconciled(partition)
             expected = self.next_offset(channel, partition, message.offset)
@@ -212,10 +216,65 @@ class GroupAssembler:
         try:
             await self.process(channel, partition, message)
         finally:
-            # The position is state too: written after the event's own writes, to the
-            # same changelog partition, so state and position are recovered together.
-            self.state[StateKey(partition, "o", channel).encode()] = str(message.offset).encode()
             self.expected[(channel, partition)] = message.offset + 1
+            key = StateKey(partition, "o", channel).encode()
+            if self.state.get(key) is None:
+                # The first position is saved at once (later ones once a tick): with no
+                # saved position a new owner could only trust Faust's resume point.
+                self.state[key] = str(message.offset).encode()
+
+    async def catch_up(self) -> None:
+        """Apply records Faust never delivered: where a partition's log ends past our
+        position and no event came for a while (Faust can resume a partition at its
+        end after a rebalance, and then nothing would reveal the skip)."""
+        now = time.monotonic()
+        known: dict[tuple[str, int], int] = {}
+        for partition in self.active_partitions():
+            for channel in self.settings.channels:
+                position = (channel, partition)
+                if now - self.last_event_at.get(position, 0.0) < CATCH_UP_AFTER:
+                    continue
+                if position in self.expected:
+                    known[position] = self.expected[position]
+                else:
+                    applied = self.state.get(StateKey(partition, "o", channel).encode())
+                    if applied is not None:
+                        known[position] = int(applied) + 1
+        if not known:
+            return
+        ends = await asyncio.to_thread(end_offsets_of, self.bootstrap_servers,
+                                       [(steps_topic(c, self.prefix), p) for c, p in known])
+        for (channel, partition), start in known.items():
+            end = ends[(steps_topic(channel, self.prefix), partition)]
+            if end <= start:
+                continue
+            async with self.lock(partition):
+                start = self.expected.get((channel, partition), start)
+                if end <= start:
+                    continue
+                log.warning("source offsets %d..%d of %s[%d] not delivered by the consumer; reading them directly",
+                            start, end - 1, steps_topic(channel, self.prefix), partition)
+                records = await asyncio.to_thread(read_range, self.bootstrap_servers,
+                                                  steps_topic(channel, self.prefix), partition, start, end)
+                for record in records:
+                    if record.offset >= self.expected.get((channel, partition), start):
+                        await self.apply_at(channel, partition, record)
+            self.last_event_at[(channel, partition)] = time.monotonic()
+
+    def save_positions(self, partition: int) -> None:
+        """Write the applied positions of a partition to the table (once per tick).
+
+        A saved position may lag what was applied: after a restart the events in
+        between are read again and recognised as replays (by the group's last offset
+        or its emitted marker). It must never lead, and it cannot: it is written to
+        the same changelog partition after the writes of the events it covers.
+        """
+        for (channel, owner), next_offset in self.expected.items():
+            if owner == partition:
+                key = StateKey(partition, "o", channel).encode()
+                value = str(next_offset - 1).encode()
+                if self.state.get(key) != value:
+                    self.state[key] = value
 
     async def process(self, channel: str, partition: int, message: Any) -> None:
         """Decode, check and apply one event; what cannot be applied goes to the DLQ."""
@@ -247,6 +306,9 @@ class GroupAssembler:
         stored = self.state.get(key)
         group = PendingGroup.from_record(codec.decode(stored)) if stored is not None \
             else PendingGroup(prompt_uid=record.prompt_uid, channel=channel)
+        if message.offset <= group.last_offset:
+            self.metrics.duplicates.labels(channel).inc()  # replayed past a lagging saved position
+            return
         complete_before = len(group.complete_trajectories())
         outcome = group.add(record, self.settings.channel(channel).n_rollouts)
         if outcome is Outcome.UNKNOWN_TRAJECTORY:
@@ -314,6 +376,7 @@ class GroupAssembler:
         """After a rebalance, positions and reconciliation are re-read from the recovered table."""
         self.reconciled.clear()
         self.expected.clear()
+        self.last_event_at.clear()
 
     async def ensure_reconciled(self, partition: int) -> None:
         """Once per assignment: record what earlier owners emitted from this partition but did not record."""
@@ -382,6 +445,7 @@ class GroupAssembler:
         for partition in sorted(self.active_partitions()):
             async with self.lock(partition):
                 await self.ensure_reconciled(partition)
+                self.save_positions(partition)
                 for key in self.keys_of(partition, "g"):
                     stored = self.state.get(key.encode())
                     if stored is None:
@@ -403,6 +467,7 @@ class GroupAssembler:
             version = self.current_version(channel)
             if version is not None:
                 self.metrics.policy_version.labels(channel).set(version)
+        await self.catch_up()
         await self.bound_queues()
         if now - self._last_stats >= self.settings.stats_interval:
             self._last_stats = now

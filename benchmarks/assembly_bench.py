@@ -1,0 +1,151 @@
+"""The stream processor against raw Kafka, on the same broker in the same run.
+
+- Throughput: N steps (groups of 4 trajectories x 3 steps) produced and the
+  resulting groups consumed, as steps/s, over raw produce-and-consume of the
+  same encoded step bytes through a plain topic with the same partitions.
+- Latency: for groups whose other steps are already in, the time from the last
+  step's acknowledgement to the group being returned by ``fetch_group`` (p50, p99).
+
+Uses TRAJBUS_BOOTSTRAP_SERVERS when set, else a throw-away embedded broker.
+Prints a table and writes benchmarks/results/assembly.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer
+
+from consumers import BatchConsumer
+from infra.kafka_broker import EmbeddedKafka
+from infra.topics import TopicSpec, ensure_topics
+from pipelines.processes import worker_process
+from streams import codec
+from streams.producer import StepProducer
+from tests.helpers import make_groups
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def raw_round_trip(bootstrap: str, values: list[tuple[bytes, bytes]], partitions: int) -> float:
+    """Seconds to produce ``values`` (acknowledged) and consume them all back."""
+    topic = f"bench-raw-{uuid.uuid4().hex[:6]}"
+    ensure_topics(bootstrap, [TopicSpec(topic, partitions)])
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic, "auto.offset.reset": "earliest",
+                         "fetch.wait.max.ms": 50})
+    consumer.subscribe([topic])
+    consumer.poll(1.0)  # join the group before the clock starts
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 1,
+                         "compression.type": "lz4", "partitioner": "murmur2_random"})
+    start = time.perf_counter()
+    for key, value in values:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+    received = 0
+    while received < len(values):
+        message = consumer.poll(1.0)
+        if message is not None and not message.error():
+            received += 1
+    elapsed = time.perf_counter() - start
+    consumer.close()
+    return elapsed
+
+
+def assembled_round_trip(bootstrap: str, prefix: str, steps: list, n_groups: int) -> float:
+    """Seconds to submit ``steps`` (acknowledged) and fetch all ``n_groups`` ready groups."""
+    with StepProducer(bootstrap, prefix=prefix) as producer, BatchConsumer("train", bootstrap,
+                                                                           prefix=prefix) as consumer:
+        consumer.fetch_group(timeout=1.0)  # join the group before the clock starts
+        start = time.perf_counter()
+        for first in range(0, len(steps), 500):
+            producer.submit_steps(steps[first:first + 500], channel="train")
+        fetched = 0
+        while fetched < n_groups:
+            if consumer.fetch_group(timeout=60) is None:
+                raise RuntimeError(f"only {fetched} of {n_groups} groups arrived")
+            fetched += 1
+        return time.perf_counter() - start
+
+
+def latencies(bootstrap: str, prefix: str, n_groups: int) -> list[float]:
+    """Last-step acknowledgement to fetchable group, one group at a time, in seconds."""
+    sent, _ = make_groups(n_groups, 4, 3, seed=2, tag="lat", window=1)
+    result = []
+    with StepProducer(bootstrap, prefix=prefix) as producer, BatchConsumer("train", bootstrap, prefix=prefix,
+                                                                           group_id=f"{prefix}.latency") as consumer:
+        for uid, steps in sorted(sent.items()):
+            producer.submit_steps(steps[:-1], channel="train")
+            producer.submit_steps(steps[-1:], channel="train")
+            acked = time.perf_counter()
+            while True:
+                group = consumer.fetch_group(timeout=30)
+                if group is None:
+                    raise RuntimeError(f"group {uid} never arrived")
+                if group.prompt_uid == uid:
+                    break
+            result.append(time.perf_counter() - acked)
+    return result
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def main(n_groups: int = 400, n_latency: int = 100) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="trajbus-bench-"))
+    broker = None
+    bootstrap = os.environ.get("TRAJBUS_BOOTSTRAP_SERVERS")
+    if not bootstrap:
+        broker = EmbeddedKafka(state_dir=workdir / "broker")
+        bootstrap = broker.start().bootstrap_servers
+    prefix = f"bench-{uuid.uuid4().hex[:6]}"
+    worker = None
+    try:
+        _, steps = make_groups(n_groups, 4, 3, seed=1, window=50)
+        values = [(s.prompt_uid.encode(), codec.encode(s)) for s in steps]
+        raw_s = raw_round_trip(bootstrap, values, partitions=8)
+
+        StepProducer(bootstrap, prefix=prefix).provision("train")
+        worker = worker_process(bootstrap, prefix, workdir / "worker.log", n_rollouts=4).start()
+        assembled_round_trip(bootstrap, prefix, make_groups(8, 4, 3, seed=9, tag="warm")[1], 8)  # warm-up
+        assembled_s = assembled_round_trip(bootstrap, prefix, steps, n_groups)
+        lat = latencies(bootstrap, prefix, n_latency)
+    finally:
+        if worker is not None:
+            worker.stop()
+        if broker is not None:
+            broker.stop()
+
+    result = {
+        "steps": len(steps), "groups": n_groups,
+        "raw_steps_per_s": len(steps) / raw_s, "assembled_steps_per_s": len(steps) / assembled_s,
+        "throughput_ratio": raw_s / assembled_s,
+        "latency_p50_ms": 1000 * statistics.median(lat), "latency_p99_ms": 1000 * percentile(lat, 0.99),
+        "latency_samples": len(lat),
+    }
+    print(f"\nassembly: {len(steps)} steps = {n_groups} groups x 4 trajectories x 3 steps, 8 partitions")
+    print(f"{'path':<34} {'steps/s':>10} {'ratio':>7}")
+    print(f"{'raw produce + consume (baseline)':<34} {result['raw_steps_per_s']:>10.0f} {1.0:>6.2f}x")
+    print(f"{'submit -> worker -> fetch_group':<34} {result['assembled_steps_per_s']:>10.0f} "
+          f"{result['throughput_ratio']:>6.2f}x")
+    print(f"\nlast step acknowledged -> group fetchable ({len(lat)} groups, one at a time)")
+    print(f"{'p50':>8} {result['latency_p50_ms']:>8.1f} ms\n{'p99':>8} {result['latency_p99_ms']:>8.1f} ms")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "assembly.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
