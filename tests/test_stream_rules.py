@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import random
+import socket
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -27,6 +29,15 @@ from infra.topics import ensure_topics
 from tests.helpers import fetch_groups, group_steps, read_to_end, trajbus, wait_for
 
 CHANNELS = "train,stale,tagged,flat,custom,timeout"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+METRICS_PORT = _free_port()
 RULES = [
     "stale.max_staleness=1", "tagged.max_staleness=1", "tagged.stale_action=tag",
     "flat.drop_equal_rewards=true", "custom.group_filter=tests.group_filters:drop_marked",
@@ -39,6 +50,7 @@ def rules(bootstrap_servers: str, tmp_path_factory: pytest.TempPathFactory):
     prefix = f"r{uuid.uuid4().hex[:10]}"
     ensure_topics(bootstrap_servers, TopicSettings(prefix=prefix).specs(CHANNELS.split(",")))
     extra = [arg for rule in RULES for arg in ("--channel-setting", rule)]
+    extra += ["--metrics-port", str(METRICS_PORT)]
     log = Path(tmp_path_factory.mktemp("rules")) / "worker.log"
     worker = worker_process(bootstrap_servers, prefix, log, channels=CHANNELS, n_rollouts=2, extra=extra).start()
     producer = StepProducer(bootstrap_servers, prefix=prefix)
@@ -171,3 +183,20 @@ def test_stats_cli_reports_per_channel(bootstrap_servers, rules):
     assert report["channels"]["train"]["events[step]"] >= 2
     table = trajbus("stats", "--bootstrap-servers", bootstrap_servers, "--prefix", prefix)
     assert table.returncode == 0 and "train" in table.stdout and "emitted" in table.stdout
+
+
+def test_worker_serves_prometheus_metrics(bootstrap_servers, rules):
+    prefix, producer = rules
+    producer.submit_steps(a_group("metrics", [0.0, 1.0]), channel="train")
+
+    def scrape() -> str | None:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
+        except OSError:
+            return None
+        return text if 'trajbus_worker_groups_total{channel="train",outcome="emitted"}' in text else None
+
+    text = wait_for(scrape, 60, "the worker's /metrics to show emitted groups")
+    for name in ("trajbus_worker_events_total", "trajbus_worker_pending_groups", "trajbus_groups_queue_depth",
+                 "trajbus_worker_group_staleness_bucket", "trajbus_worker_groups_dropped_total"):
+        assert name in text
