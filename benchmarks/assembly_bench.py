@@ -28,7 +28,7 @@ from infra.topics import TopicSpec, ensure_topics
 from pipelines.processes import worker_process
 from streams import codec
 from streams.producer import StepProducer
-from tests.helpers import make_groups
+from pipelines.synthetic import make_groups
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

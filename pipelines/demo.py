@@ -8,7 +8,6 @@ prints what flowed, and tears everything down, also on Ctrl-C.
 
 from __future__ import annotations
 
-import random
 import tempfile
 import time
 import uuid
@@ -17,40 +16,8 @@ from pathlib import Path
 from consumers import BatchConsumer
 from infra.kafka_broker import EmbeddedKafka
 from pipelines.processes import worker_process
+from pipelines.synthetic import make_groups
 from streams.producer import StepProducer
-from streams.records import Step
-
-
-def synthetic_groups(n_groups: int, n_rollouts: int, steps_per_trajectory: int, seed: int = 0) -> list[Step]:
-    """Steps of ``n_groups`` prompt groups, interleaved across groups and trajectories."""
-    rng = random.Random(seed)
-    run = uuid.uuid4().hex[:8]
-    per_trajectory: list[list[Step]] = []
-    for g in range(n_groups):
-        prompt_uid = f"demo-{run}-p{g}"
-        prompt = [rng.randrange(32000) for _ in range(rng.randint(8, 24))]
-        for r in range(n_rollouts):
-            trajectory_uid = f"{prompt_uid}-t{r}"
-            reward = float(rng.random() < 0.5)
-            history = list(prompt)
-            steps = []
-            for i in range(steps_per_trajectory):
-                response = [rng.randrange(32000) for _ in range(rng.randint(4, 16))]
-                last = i == steps_per_trajectory - 1
-                steps.append(Step(
-                    prompt_ids=list(history), response_ids=response, trajectory_uid=trajectory_uid,
-                    prompt_uid=prompt_uid, step_index=i, reward=reward if last else 0.0, is_last=last,
-                    rollout_log_probs=[-rng.random() for _ in response], metadata={"turn": i},
-                ))
-                history += response + [rng.randrange(32000) for _ in range(4)]  # tool output between turns
-            per_trajectory.append(steps)
-    interleaved = []
-    while per_trajectory:
-        chosen = rng.randrange(len(per_trajectory))
-        interleaved.append(per_trajectory[chosen].pop(0))
-        if not per_trajectory[chosen]:
-            per_trajectory.pop(chosen)
-    return interleaved
 
 
 def run_demo(bootstrap_servers: str | None = None, n_groups: int = 8, n_rollouts: int = 4,
@@ -69,7 +36,7 @@ def run_demo(bootstrap_servers: str | None = None, n_groups: int = 8, n_rollouts
             producer.provision("train")  # before the worker subscribes
             print(f"[2/5] topics provisioned under prefix {prefix}; starting the stream worker", flush=True)
             worker = worker_process(bootstrap_servers, prefix, workdir / "worker.log", n_rollouts=n_rollouts).start()
-            steps = synthetic_groups(n_groups, n_rollouts, steps_per_trajectory)
+            _, steps = make_groups(n_groups, n_rollouts, steps_per_trajectory, seed=0, tag=f"{prefix}-p")
             started = time.monotonic()
             acked = producer.submit_steps(steps, channel="train")
             print(f"[3/5] {acked} steps acknowledged by the broker "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from consumers import BatchConsumer
+from pipelines.synthetic import group_steps, interleave, make_groups  # noqa: F401 - re-exported for tests
 from streams.records import ReadyGroup, Step
 
 T = TypeVar("T")
@@ -74,36 +74,6 @@ def trajbus(*args: str, env: dict | None = None, timeout: float = 180) -> subpro
                           env={**os.environ, **(env or {})}, timeout=timeout)
 
 
-def group_steps(prompt_uid: str, trajectories_per_group: int, n_steps: int, rng: random.Random,
-                **extra) -> list[list[Step]]:
-    """Per trajectory, its steps in order; the last one carries the reward."""
-    trajectories = []
-    for r in range(trajectories_per_group):
-        steps = []
-        for i in range(n_steps):
-            response = [rng.randrange(150000) for _ in range(rng.randint(1, 8))]
-            steps.append(Step(
-                prompt_ids=[rng.randrange(150000) for _ in range(rng.randint(1, 12))], response_ids=response,
-                trajectory_uid=f"{prompt_uid}/t{r}", prompt_uid=prompt_uid, step_index=i,
-                reward=float(r) if i == n_steps - 1 else 0.0, is_last=i == n_steps - 1,
-                rollout_log_probs=[-0.5] * len(response), metadata={"i": i}, **extra,
-            ))
-        trajectories.append(steps)
-    return trajectories
-
-
-def interleave(trajectories: list[list[Step]], rng: random.Random) -> list[Step]:
-    """A random merge that keeps each trajectory's own order (as concurrent agents produce)."""
-    queues = [list(t) for t in trajectories]
-    merged = []
-    while queues:
-        i = rng.randrange(len(queues))
-        merged.append(queues[i].pop(0))
-        if not queues[i]:
-            queues.pop(i)
-    return merged
-
-
 def fetch_groups(consumer: BatchConsumer, count: int, timeout: float) -> list[ReadyGroup]:
     groups = []
     deadline = time.monotonic() + timeout
@@ -114,23 +84,6 @@ def fetch_groups(consumer: BatchConsumer, count: int, timeout: float) -> list[Re
         if group is not None:
             groups.append(group)
     return groups
-
-
-def make_groups(n_groups: int, trajectories_per_group: int, n_steps: int, seed: int, tag: str = "g",
-                window: int = 50) -> tuple[dict[str, list[Step]], list[Step]]:
-    """``n_groups`` groups: the steps sent per prompt_uid, and all steps as agents send them:
-    interleaved across the trajectories of ``window`` groups at a time, as rollout workers do."""
-    rng = random.Random(seed)
-    sent: dict[str, list[Step]] = {}
-    stream: list[Step] = []
-    for first in range(0, n_groups, window):
-        trajectories = []
-        for g in range(first, min(first + window, n_groups)):
-            per_group = group_steps(f"{tag}{g:04d}", trajectories_per_group, n_steps, rng)
-            sent[f"{tag}{g:04d}"] = [s for t in per_group for s in t]
-            trajectories += per_group
-        stream += interleave(trajectories, rng)
-    return sent, stream
 
 
 def assert_exactly_the_groups_sent(groups: list[ReadyGroup], sent: dict[str, list[Step]]) -> None:

@@ -108,22 +108,18 @@ def test_stale_groups_can_be_tagged_instead(bootstrap_servers, rules):
     assert group.metadata["tags"] == ["stale"] and group.metadata["staleness"] == 7
 
 
-def test_groups_without_reward_variance_are_dropped(bootstrap_servers, rules):
+@pytest.mark.parametrize("channel, dropped, kept, reason", [
+    ("flat", a_group("same", [1.0, 1.0]), a_group("mixed", [1.0, 0.0]), "equal_rewards"),
+    ("custom", a_group("p1-drop", [0.0, 1.0]), a_group("p2-keep", [0.0, 1.0]), "filtered: marked"),
+])
+def test_group_filters_drop_and_count_by_reason(bootstrap_servers, rules, channel, dropped, kept, reason):
+    """No reward variance, and a user's filter by dotted path (it names its own reason)."""
     prefix, producer = rules
-    producer.submit_steps(a_group("same", [1.0, 1.0]), channel="flat")
-    producer.submit_steps(a_group("mixed", [1.0, 0.0]), channel="flat")
-    assert only_group(bootstrap_servers, prefix, "flat").prompt_uid == "mixed"
-    wait_for(lambda: stats(bootstrap_servers, prefix, "flat").get("groups_dropped[equal_rewards]") == 1, 30,
-             "the drop to be counted as equal_rewards")
-
-
-def test_custom_group_filter_by_dotted_path(bootstrap_servers, rules):
-    prefix, producer = rules
-    producer.submit_steps(a_group("p1-drop", [0.0, 1.0]), channel="custom")
-    producer.submit_steps(a_group("p2-keep", [0.0, 1.0]), channel="custom")
-    assert only_group(bootstrap_servers, prefix, "custom").prompt_uid == "p2-keep"
-    wait_for(lambda: stats(bootstrap_servers, prefix, "custom").get("groups_dropped[filtered: marked]") == 1, 30,
-             "the drop to be counted with the filter's reason")
+    producer.submit_steps(dropped, channel=channel)
+    producer.submit_steps(kept, channel=channel)
+    assert only_group(bootstrap_servers, prefix, channel).prompt_uid == kept[0].prompt_uid
+    wait_for(lambda: stats(bootstrap_servers, prefix, channel).get(f"groups_dropped[{reason}]") == 1, 30,
+             f"the drop to be counted as {reason}")
 
 
 def test_group_timeout_emits_partial_or_drops(bootstrap_servers, rules):
