@@ -196,21 +196,30 @@ class GroupAssembler:
             if message.offset > expected:
                 # Faust resumed past what the table applied (it can drop records it
                 # fetched during a rebalance): read the skipped range directly.
-                log.warning("source offsets %d..%d of %s[%d] skipped by the consumer; reading them directly",
-                            expected, message.offset - 1, message.topic, partition)
-                skipped = await asyncio.to_thread(read_range, self.bootstrap_servers, message.topic, partition,
-                                                  expected, message.offset)
-                for record in skipped:
-                    await self.apply_at(channel, partition, record)
+                await self.apply_range(channel, partition, expected, message.offset, "skipped by the consumer")
             await self.apply_at(channel, partition, message)
 
-    def next_offset(self, channel: str, partition: int, offset: int) -> int:
+    def known_position(self, channel: str, partition: int) -> int | None:
         """The next source offset to apply, from memory or else from the recovered table."""
-        position = (channel, partition)
-        if position not in self.expected:
-            applied = self.state.get(StateKey(partition, "o", channel).encode())
-            self.expected[position] = int(applied) + 1 if applied is not None else offset
-        return self.expected[position]
+        if (channel, partition) in self.expected:
+            return self.expected[(channel, partition)]
+        applied = self.state.get(StateKey(partition, "o", channel).encode())
+        return None if applied is None else int(applied) + 1
+
+    def next_offset(self, channel: str, partition: int, offset: int) -> int:
+        """``known_position``; with none saved yet, the offset Faust delivers is the start."""
+        known = self.known_position(channel, partition)
+        self.expected[(channel, partition)] = offset if known is None else known
+        return self.expected[(channel, partition)]
+
+    async def apply_range(self, channel: str, partition: int, start: int, end: int, why: str) -> None:
+        """Read ``start <= offset < end`` of a steps partition directly and apply what is still new."""
+        topic = steps_topic(channel, self.prefix)
+        log.warning("source offsets %d..%d of %s[%d] %s; reading them directly", start, end - 1, topic, partition,
+                    why)
+        for record in await asyncio.to_thread(read_range, self.bootstrap_servers, topic, partition, start, end):
+            if record.offset >= self.expected.get((channel, partition), start):
+                await self.apply_at(channel, partition, record)
 
     async def apply_at(self, channel: str, partition: int, message: Any) -> None:
         try:
@@ -231,34 +240,20 @@ class GroupAssembler:
         known: dict[tuple[str, int], int] = {}
         for partition in self.active_partitions():
             for channel in self.settings.channels:
-                position = (channel, partition)
-                if now - self.last_event_at.get(position, 0.0) < CATCH_UP_AFTER:
-                    continue
-                if position in self.expected:
-                    known[position] = self.expected[position]
-                else:
-                    applied = self.state.get(StateKey(partition, "o", channel).encode())
-                    if applied is not None:
-                        known[position] = int(applied) + 1
+                position = self.known_position(channel, partition)
+                quiet = now - self.last_event_at.get((channel, partition), 0.0) >= CATCH_UP_AFTER
+                if position is not None and quiet:
+                    known[(channel, partition)] = position
         if not known:
             return
         ends = await asyncio.to_thread(end_offsets_of, self.bootstrap_servers,
                                        [(steps_topic(c, self.prefix), p) for c, p in known])
         for (channel, partition), start in known.items():
             end = ends[(steps_topic(channel, self.prefix), partition)]
-            if end <= start:
-                continue
             async with self.lock(partition):
                 start = self.expected.get((channel, partition), start)
-                if end <= start:
-                    continue
-                log.warning("source offsets %d..%d of %s[%d] not delivered by the consumer; reading them directly",
-                            start, end - 1, steps_topic(channel, self.prefix), partition)
-                records = await asyncio.to_thread(read_range, self.bootstrap_servers,
-                                                  steps_topic(channel, self.prefix), partition, start, end)
-                for record in records:
-                    if record.offset >= self.expected.get((channel, partition), start):
-                        await self.apply_at(channel, partition, record)
+                if end > start:
+                    await self.apply_range(channel, partition, start, end, "not delivered by the consumer")
             self.last_event_at[(channel, partition)] = time.monotonic()
 
     def save_positions(self, partition: int) -> None:
@@ -396,7 +391,9 @@ class GroupAssembler:
         self.reconciled.add(partition)
 
     def _scan_groups(self, channel: str, partition: int, marks: dict[str, int]) -> dict[str, tuple[int, int, int]]:
-        """Groups emitted from ``partition`` past the watermark: prompt_uid -> (groups partition, offset, source offset)."""
+        """Groups emitted from ``partition`` past the watermark.
+
+        Returns prompt_uid -> (groups partition, groups offset, source offset)."""
         topic = groups_topic(channel, self.prefix)
         consumer = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": f"{self.prefix}.reconcile",
                              "enable.auto.commit": False, "enable.partition.eof": True, "logger": log})

@@ -12,7 +12,6 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from consumers import BatchConsumer
-from pipelines.synthetic import group_steps, interleave, make_groups  # noqa: F401 - re-exported for tests
 from streams.records import ReadyGroup, Step
 
 T = TypeVar("T")

@@ -7,7 +7,8 @@ from infra.topics import consumer_group_lag, describe_topics
 from streams.producer import StepProducer
 from streams.stats import read_snapshots, summarize
 from streams.topics import groups_topic, trainer_group_id
-from tests.helpers import make_groups, read_to_end, wait_for
+from pipelines.synthetic import make_groups
+from tests.helpers import read_to_end, wait_for
 
 MAX_QUEUE = 20
 

@@ -13,7 +13,8 @@ from streams.dlq import REASON, SOURCE_OFFSET, SOURCE_TOPIC
 from streams.producer import StepProducer
 from streams.records import Step
 from streams.topics import dlq_topic, steps_topic
-from tests.helpers import end_offsets, fetch_groups, group_steps, interleave, read_topic
+from pipelines.synthetic import group_steps, interleave
+from tests.helpers import end_offsets, fetch_groups, read_topic
 
 
 def test_200_groups_arrive_exactly_once_complete_and_in_order(bootstrap_servers, prefix, start_worker):

@@ -26,7 +26,8 @@ from streams.records import ReadyGroup, Step
 from streams.stats import read_snapshots, summarize
 from streams.topics import TopicSettings, dlq_topic, steps_topic
 from infra.topics import ensure_topics
-from tests.helpers import fetch_groups, group_steps, read_to_end, trajbus, wait_for
+from pipelines.synthetic import group_steps
+from tests.helpers import fetch_groups, read_to_end, trajbus, wait_for
 
 CHANNELS = "train,stale,tagged,flat,custom,timeout"
 

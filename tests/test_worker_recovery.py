@@ -6,7 +6,8 @@ from consumers import BatchConsumer
 from streams.producer import StepProducer
 from streams.stats import read_snapshots
 from streams.topics import groups_topic
-from tests.helpers import assert_exactly_the_groups_sent, end_offsets, fetch_groups, make_groups, wait_for
+from pipelines.synthetic import make_groups
+from tests.helpers import assert_exactly_the_groups_sent, end_offsets, fetch_groups, wait_for
 
 
 def emitted_so_far(bootstrap_servers: str, prefix: str) -> int:
