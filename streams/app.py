@@ -18,6 +18,13 @@ Exactly once out, with at-least-once in:
   record: such groups are never emitted again;
 - an event at or below an emitted group's last source offset is a replay
   (counted as duplicate); one above it is late and goes to the DLQ.
+
+Nothing in, lost: the table also keeps each partition's applied source position
+(``o`` keys). Faust's committed offsets are only where it resumes; where it
+resumes past the table's position, or leaves a partition's tail undelivered
+after a rebalance (both seen with faust-streaming 0.15), the range is read
+directly and applied in order.
+
 A group is emitted the moment it is ready, whatever older groups still wait.
 """
 
@@ -65,7 +72,8 @@ EXPIRE_EVERY = 60.0
 @dataclass(frozen=True)
 class StateKey:
     """``{partition}|{kind}|{channel}|{prompt_uid}``: kind ``g`` pending group, ``e`` emitted
-    (or dropped) marker, ``w`` groups-topic watermark of the partition (no prompt_uid)."""
+    (or dropped) marker, ``w`` groups-topic watermark and ``o`` applied source offset of the
+    partition (these two without prompt_uid)."""
 
     partition: int
     kind: str
