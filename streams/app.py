@@ -34,8 +34,9 @@ import asyncio
 import json
 import logging
 import time
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import faust
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -173,11 +174,13 @@ class GroupAssembler:
         topics = {steps_topic(c, self.prefix) for c in self.settings.channels}
         return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic in topics}
 
-    def keys_of(self, partition: int, kind: str) -> Iterator[StateKey]:
-        head = f"{partition}|{kind}|".encode()
+    def keys_by_partition(self) -> dict[tuple[int, str], list[StateKey]]:
+        """Every table key, decoded once, by (partition, kind)."""
+        keys: dict[tuple[int, str], list[StateKey]] = defaultdict(list)
         for raw in list(self.state.keys()):
-            if raw.startswith(head):
-                yield StateKey.decode(raw)
+            key = StateKey.decode(raw)
+            keys[(key.partition, key.kind)].append(key)
+        return keys
 
     def current_version(self, channel: str) -> int | None:
         return self.policy.current(channel) if self.policy else None
@@ -447,11 +450,13 @@ class GroupAssembler:
         now = time.time()
         pending_groups = {c: 0 for c in self.settings.channels}
         pending_trajectories = dict(pending_groups)
+        expire = now - self._last_expiry > EXPIRE_EVERY
+        keys = self.keys_by_partition()
         for partition in sorted(self.active_partitions()):
             async with self.lock(partition):
                 await self.ensure_reconciled(partition)
                 self.save_positions(partition)
-                for key in self.keys_of(partition, "g"):
+                for key in keys.get((partition, "g"), []):
                     stored = self.state.get(key.encode())
                     if stored is None:
                         continue
@@ -462,9 +467,9 @@ class GroupAssembler:
                         continue
                     pending_groups[key.channel] += 1
                     pending_trajectories[key.channel] += len({uid for uid, _ in group.steps})
-                if now - self._last_expiry > EXPIRE_EVERY:
-                    self.expire_markers(partition, now)
-        if now - self._last_expiry > EXPIRE_EVERY:
+                if expire:
+                    self.expire_markers(keys.get((partition, "e"), []), now)
+        if expire:
             self._last_expiry = now
         for channel in self.settings.channels:
             self.metrics.pending_groups.labels(channel).set(pending_groups[channel])
@@ -488,9 +493,9 @@ class GroupAssembler:
                  len(group.complete_trajectories()))
         self.record_outcome(partition, group, f"dropped ({DROP_TIMEOUT})")
 
-    def expire_markers(self, partition: int, now: float) -> None:
+    def expire_markers(self, markers: list[StateKey], now: float) -> None:
         """Emitted markers outlive late events for ``emitted_ttl``; then they go."""
-        for key in self.keys_of(partition, "e"):
+        for key in markers:
             raw = self.state.get(key.encode())
             if raw is not None and now - json.loads(raw)["at"] > self.settings.emitted_ttl:
                 self.state.pop(key.encode(), None)
