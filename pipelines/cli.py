@@ -132,7 +132,8 @@ def _setting_value(name: str, text: str) -> object:
             return text.lower() in ("true", "1", "yes")
         return kind(text)
     except ValueError:
-        raise UsageError(f"{name}: expected a {kind.__name__}, got {text!r}") from None
+        expected = {int: "an integer", float: "a number", bool: "true or false"}.get(kind, "text")
+        raise UsageError(f"{name}: expected {expected}, got {text!r}") from None
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

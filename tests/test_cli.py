@@ -1,0 +1,22 @@
+"""Bad input on the command line: one clear line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import trajbus
+
+
+@pytest.mark.parametrize("args, says", [
+    (["worker", "--channel-setting", "train.bogus=1"], "bogus: not a channel setting"),
+    (["worker", "--channel-setting", "train.n_rollouts=many"], "n_rollouts: expected an integer, got 'many'"),
+    (["worker", "--channel-setting", "val.n_rollouts=2", "--channels", "train"], "'val'"),
+    (["worker", "--group-filter", "no_such_module.keep"], "group_filter: cannot import 'no_such_module.keep'"),
+    (["worker", "--stale-action", "shrug"], "invalid choice: 'shrug'"),
+    (["worker", "--n-rollouts", "0"], "expected a positive integer"),
+    (["topics", "--channels", "Not A Channel"], "is not a valid channel name"),
+])
+def test_bad_worker_and_topics_input_exits_2(args, says):
+    result = trajbus(*args, "--bootstrap-servers", "127.0.0.1:9")
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr
