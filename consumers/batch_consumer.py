@@ -15,6 +15,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from infra.bootstrap import resolve_bootstrap_servers
+from consumers.backends import TrainingBackend
 from streams import codec
 from streams.dlq import dlq_headers
 from streams.records import ReadyGroup, Step
@@ -32,6 +33,7 @@ class BatchConsumer:
         bootstrap_servers: str | None = None,
         prefix: str = DEFAULT_PREFIX,
         group_id: str | None = None,
+        backend: TrainingBackend | None = None,
         **config: Any,
     ) -> None:
         self.channel = validate_channel(channel)
@@ -53,6 +55,9 @@ class BatchConsumer:
         })
         self._consumer.subscribe([self.topic])
         self._dlq: Producer | None = None
+        self.backend = backend
+        self._held: list[ReadyGroup] = []
+        """Groups fetched for a batch that timed out; they start the next batch."""
         self.trimmed = 0
         """Prefetched groups skipped because the queue bound had dropped them meanwhile."""
 
@@ -78,6 +83,21 @@ class BatchConsumer:
             self._consumer.store_offsets(message=message)
             if group is not None:
                 return group
+
+    def fetch_dataproto(self, n_groups: int, timeout: float | None = None) -> Any | None:
+        """``n_groups`` ready groups converted in one batch by ``backend``, or ``None`` if
+        they do not all arrive in time (those that did are kept for the next call)."""
+        if self.backend is None:
+            raise ValueError("backend: fetch_dataproto needs a TrainingBackend, e.g. consumers.backends.VerlBackend")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(self._held) < n_groups:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            group = self.fetch_group(remaining)
+            if group is None:
+                return None
+            self._held.append(group)
+        groups, self._held = self._held[:n_groups], self._held[n_groups:]
+        return self.backend.convert([step for group in groups for step in group.steps])
 
     def _trimmed(self, message: Message) -> bool:
         """Prefetched, but since dropped from the log by the worker's queue bound: the
