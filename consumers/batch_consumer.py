@@ -1,9 +1,10 @@
 """The trainer's view of trajbus: the next ready prompt group, FIFO by readiness.
 
-Reads ``{prefix}.groups.{channel}`` in one consumer group per channel. Offsets
-are stored only after a group has been handed to the caller, so a crash between
-fetching and using a group redelivers it (at-least-once); ``commit()`` makes the
-position durable at a point the trainer chooses.
+Reads ``{prefix}.groups.{channel}`` in one consumer group per channel. Nothing is
+committed behind the trainer's back: ``commit()`` makes the position after the
+last group handed out durable when the trainer chooses (at-least-once), and
+``state_dict()`` / ``load_state_dict()`` put the exact position in the trainer's
+own checkpoint, so a restart from it neither skips nor repeats a group.
 """
 
 from __future__ import annotations
@@ -46,24 +47,35 @@ class BatchConsumer:
             "logger": log,  # librdkafka logs as structured Python log lines, not raw stderr
             "group.id": self.group_id,
             "auto.offset.reset": "earliest",
-            "enable.auto.commit": True,
-            "enable.auto.offset.store": False,  # stored by hand once a group was handed out
+            "enable.auto.commit": False,  # commit() after the trainer used a batch: at-least-once
             "fetch.wait.max.ms": 50,
             "queued.max.messages.kbytes": 16 * 1024,
             "fetch.max.bytes": 64 * 1024 * 1024,
             **config,
         })
-        self._consumer.subscribe([self.topic])
+        self._restore: dict[int, int] = {}
+        """Positions from ``load_state_dict`` to apply when the partitions are assigned."""
+        self._positions: dict[int, int] = {}
+        """Per partition, the offset after the last group handed to the trainer."""
+        self._consumer.subscribe([self.topic], on_assign=self._on_assign)
         self._dlq: Producer | None = None
         self.backend = backend
-        self._held: list[ReadyGroup] = []
-        """Groups fetched for a batch that timed out; they start the next batch."""
+        self._held: list[tuple[ReadyGroup, int, int]] = []
+        """(group, partition, offset) fetched for a batch that timed out; they start the next batch."""
         self.trimmed = 0
         """Prefetched groups skipped because the queue bound had dropped them meanwhile."""
 
     def fetch_group(self, timeout: float | None = None) -> ReadyGroup | None:
         """The next ready group, or ``None`` if none arrives within ``timeout`` seconds
         (``None``: wait as long as it takes)."""
+        fetched = self._next(timeout)
+        if fetched is None:
+            return None
+        group, partition, offset = fetched
+        self._positions[partition] = offset + 1
+        return group
+
+    def _next(self, timeout: float | None) -> tuple[ReadyGroup, int, int] | None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = 1.0 if deadline is None else deadline - time.monotonic()
@@ -76,13 +88,11 @@ class BatchConsumer:
                 if message.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error on %s: %s", self.topic, message.error().str())
                 continue
-            if self._trimmed(message):
-                self._consumer.store_offsets(message=message)
-                continue
-            group = self._decode(message)
-            self._consumer.store_offsets(message=message)
+            group = None if self._trimmed(message) else self._decode(message)
             if group is not None:
-                return group
+                return group, message.partition(), message.offset()
+            if not self._held:  # a skipped record moves the position only if no group waits before it
+                self._positions[message.partition()] = message.offset() + 1
 
     def fetch_dataproto(self, n_groups: int, timeout: float | None = None) -> Any | None:
         """``n_groups`` ready groups converted in one batch by ``backend``, or ``None`` if
@@ -92,12 +102,39 @@ class BatchConsumer:
         deadline = None if timeout is None else time.monotonic() + timeout
         while len(self._held) < n_groups:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            group = self.fetch_group(remaining)
-            if group is None:
+            fetched = self._next(remaining)
+            if fetched is None:
                 return None
-            self._held.append(group)
-        groups, self._held = self._held[:n_groups], self._held[n_groups:]
-        return self.backend.convert([step for group in groups for step in group.steps])
+            self._held.append(fetched)
+        taken, self._held = self._held[:n_groups], self._held[n_groups:]
+        batch = self.backend.convert([step for group, _, _ in taken for step in group.steps])
+        for _, partition, offset in taken:
+            self._positions[partition] = offset + 1
+        return batch
+
+    # -- checkpoints -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this consumer stands: save it with the trainer's checkpoint."""
+        return {"topic": self.topic, "group_id": self.group_id, "positions": dict(self._positions)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume exactly after the last group handed out before ``state_dict`` was taken,
+        whatever the consumer group committed since: nothing is skipped or repeated."""
+        if state.get("topic") != self.topic:
+            raise ValueError(f"state: saved for topic {state.get('topic')!r}, this consumer reads {self.topic!r}")
+        self._restore = {int(p): int(o) for p, o in state["positions"].items()}
+        self._positions = dict(self._restore)
+        self._held.clear()
+        assigned = self._consumer.assignment()
+        for tp in assigned:
+            if tp.partition in self._restore:
+                self._consumer.seek(TopicPartition(self.topic, tp.partition, self._restore[tp.partition]))
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            if tp.partition in self._restore:
+                tp.offset = self._restore[tp.partition]
+        consumer.assign(partitions)
 
     def _trimmed(self, message: Message) -> bool:
         """Prefetched, but since dropped from the log by the worker's queue bound: the
@@ -141,15 +178,13 @@ class BatchConsumer:
         return None
 
     def commit(self) -> None:
-        """Make the position after the last fetched group durable now."""
-        try:
-            self._consumer.commit(asynchronous=False)
-        except Exception as exc:  # noqa: BLE001 - nothing stored yet is not a failure
-            if "NO_OFFSET" not in str(exc):
-                raise
+        """Make the position after the last group handed out durable in the consumer group."""
+        if self._positions:
+            self._consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in self._positions.items()],
+                                  asynchronous=False)
 
     def close(self) -> None:
-        """Commit what was handed out and leave the consumer group."""
+        """Leave the consumer group (without committing: call ``commit()`` first)."""
         self._consumer.close()
         if self._dlq is not None:
             self._dlq.flush(30)

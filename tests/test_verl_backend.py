@@ -123,3 +123,27 @@ def test_fetch_dataproto_through_the_real_broker_and_worker(bootstrap_servers, p
     assert len(batch) == 8 and len(rest) == 4  # one row per step: 2 trajectories x 2 steps per group
     uids = list(batch.non_tensor_batch["uid"]) + list(rest.non_tensor_batch["uid"])
     assert sorted(set(uids)) == sorted(sent) and all(uids.count(u) == 4 for u in sent)
+
+
+def test_restart_from_a_checkpoint_neither_skips_nor_repeats(bootstrap_servers, prefix, start_worker):
+    from consumers import BatchConsumer
+    from pipelines.synthetic import make_groups
+    from streams.producer import StepProducer
+    from tests.helpers import fetch_groups
+
+    sent, stream = make_groups(20, 2, 1, seed=6)
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("train")
+        start_worker(n_rollouts=2)
+        producer.submit_steps(stream, channel="train")
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix) as first:
+        trained = [g.prompt_uid for g in fetch_groups(first, 5, timeout=60)]
+        first.commit()
+        checkpoint = first.state_dict()  # saved with the trainer's checkpoint
+        fetch_groups(first, 3, timeout=30)  # used after the checkpoint, then the trainer died ...
+        first.commit()  # ... after the consumer group had committed them
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix) as second:
+        second.load_state_dict(checkpoint)
+        trained += [g.prompt_uid for g in fetch_groups(second, 15, timeout=60)]
+        assert second.fetch_group(timeout=2.0) is None
+    assert sorted(trained) == sorted(sent) and len(set(trained)) == 20
