@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from consumers.off_policy import staleness
 from streams.records import Step
 
 if TYPE_CHECKING:  # verl is imported when a batch is built, not when trajbus is
@@ -54,7 +55,8 @@ class TrainingBackend(ABC):
     """Turns the steps of ready groups into one training batch."""
 
     @abstractmethod
-    def convert(self, steps: list[Step]) -> Any: ...
+    def convert(self, steps: list[Step], current_version: int | None = None) -> Any:
+        """One batch of ``steps``; with ``current_version``, rows carry their staleness."""
 
 
 class VerlBackend(TrainingBackend):
@@ -121,7 +123,7 @@ class VerlBackend(TrainingBackend):
         return rows
 
     # -- tensors ---------------------------------------------------------------------
-    def convert(self, steps: list[Step]) -> DataProto:
+    def convert(self, steps: list[Step], current_version: int | None = None) -> DataProto:
         import torch  # with verl: only where batches are built, not wherever trajbus is imported
         from verl import DataProto
 
@@ -166,8 +168,11 @@ class VerlBackend(TrainingBackend):
             "step_index": np.array([row.steps[-1].step_index for row in rows], dtype=np.int64),
             "policy_version": np.array([min(s.policy_version for s in row.steps) for row in rows], dtype=np.int64),
         }
+        if current_version is not None:
+            non_tensors["staleness"] = staleness(non_tensors["policy_version"], current_version)
         for key in sorted({k for row in rows for k in row.steps[-1].metadata} - set(non_tensors)):
             non_tensors[key] = np.array([row.steps[-1].metadata.get(key) for row in rows], dtype=object)
         meta_info = {"temperature": self.temperature, "row_mode": self.row_mode,
+                     "current_policy_version": current_version,
                      "num_tokens": int(attention.sum()), "num_response_tokens": int(response_mask.sum())}
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta_info)

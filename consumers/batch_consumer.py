@@ -94,9 +94,11 @@ class BatchConsumer:
             if not self._held:  # a skipped record moves the position only if no group waits before it
                 self._positions[message.partition()] = message.offset() + 1
 
-    def fetch_dataproto(self, n_groups: int, timeout: float | None = None) -> Any | None:
+    def fetch_dataproto(self, n_groups: int, timeout: float | None = None,
+                        current_version: int | None = None) -> Any | None:
         """``n_groups`` ready groups converted in one batch by ``backend``, or ``None`` if
-        they do not all arrive in time (those that did are kept for the next call)."""
+        they do not all arrive in time (those that did are kept for the next call).
+        ``current_version`` (the trainer's policy) adds per-row staleness."""
         if self.backend is None:
             raise ValueError("backend: fetch_dataproto needs a TrainingBackend, e.g. consumers.backends.VerlBackend")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -107,7 +109,7 @@ class BatchConsumer:
                 return None
             self._held.append(fetched)
         taken, self._held = self._held[:n_groups], self._held[n_groups:]
-        batch = self.backend.convert([step for group, _, _ in taken for step in group.steps])
+        batch = self.backend.convert([step for group, _, _ in taken for step in group.steps], current_version)
         for _, partition, offset in taken:
             self._positions[partition] = offset + 1
         return batch

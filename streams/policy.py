@@ -38,14 +38,22 @@ def decode_policy_version(value: bytes) -> int:
     return version
 
 
-def publish_policy_version(bootstrap_servers: str, version: int, channel: str = GLOBAL,
-                           prefix: str = DEFAULT_PREFIX, timeout: float = 30.0) -> None:
-    """Write ``version`` for ``channel`` and return once the broker acknowledged it."""
-    producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "logger": log})
-    producer.produce(policy_topic(prefix), key=channel.encode(), value=encode_policy_version(version),
-                     headers=[("content-type", CONTENT_TYPE.encode())])
-    if producer.flush(timeout):
-        raise RuntimeError(f"policy version {version} not acknowledged within {timeout}s")
+class PolicyVersionPublisher:
+    """The trainer's side: ``publish(version)`` after each update; returns once acknowledged."""
+
+    def __init__(self, bootstrap_servers: str, prefix: str = DEFAULT_PREFIX, channel: str = GLOBAL,
+                 timeout: float = 30.0) -> None:
+        self.topic = policy_topic(prefix)
+        self.channel = channel
+        self.timeout = timeout
+        self._producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True,
+                                   "logger": log})
+
+    def publish(self, version: int) -> None:
+        self._producer.produce(self.topic, key=self.channel.encode(), value=encode_policy_version(version),
+                               headers=[("content-type", CONTENT_TYPE.encode())])
+        if self._producer.flush(self.timeout):
+            raise RuntimeError(f"policy version {version} not acknowledged within {self.timeout}s")
 
 
 class PolicyWatcher:

@@ -20,7 +20,7 @@ from consumers import BatchConsumer
 from pipelines.processes import worker_process
 from streams import codec
 from streams.dlq import REASON
-from streams.policy import publish_policy_version
+from streams.policy import PolicyVersionPublisher
 from streams.producer import StepProducer
 from streams.records import ReadyGroup, Step
 from streams.stats import read_snapshots, summarize
@@ -86,7 +86,7 @@ def dlq_reasons(bootstrap_servers: str, prefix: str) -> list[str]:
 
 def test_stale_groups_are_dropped_and_counted(bootstrap_servers, rules):
     prefix, producer = rules
-    publish_policy_version(bootstrap_servers, 5, prefix=prefix)
+    PolicyVersionPublisher(bootstrap_servers, prefix=prefix).publish(5)
     wait_for(lambda: stats(bootstrap_servers, prefix, "stale").get("policy_version") == 5, 60,
              "the worker to see policy version 5")
     producer.submit_steps(a_group("old", [0.0, 1.0], version=3), channel="stale")  # 2 behind: dropped
@@ -101,7 +101,7 @@ def test_stale_groups_are_dropped_and_counted(bootstrap_servers, rules):
 
 def test_stale_groups_can_be_tagged_instead(bootstrap_servers, rules):
     prefix, producer = rules
-    publish_policy_version(bootstrap_servers, 9, channel="tagged", prefix=prefix)
+    PolicyVersionPublisher(bootstrap_servers, prefix=prefix, channel="tagged").publish(9)
     wait_for(lambda: stats(bootstrap_servers, prefix, "tagged").get("policy_version") == 9, 60,
              "the worker to see policy version 9 for channel tagged")
     producer.submit_steps(a_group("old", [0.0, 1.0], version=2), channel="tagged")
