@@ -16,6 +16,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from infra.bootstrap import resolve_bootstrap_servers
+from infra.topics import watermarks
 from consumers.backends import TrainingBackend
 from streams import codec
 from streams.dlq import dlq_headers
@@ -114,6 +115,38 @@ class BatchConsumer:
             self._positions[partition] = offset + 1
         return batch
 
+    def drain(self, timeout: float = 60.0) -> list[ReadyGroup]:
+        """Every group ready now (up to the log end at the call), once: for validation passes.
+        The position is committed, so the next drain returns only groups that came since."""
+        deadline = time.monotonic() + timeout
+        ends: dict[int, int] | None = None
+        groups: list[ReadyGroup] = []
+        while True:
+            assignment = self._consumer.assignment()
+            if ends is None and assignment:
+                ends = {tp.partition: watermarks(self._consumer, TopicPartition(self.topic, tp.partition), 10)[1]
+                        for tp in assignment}
+            if ends is not None and self._reached(ends):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"drain of {self.topic} did not reach the log end within {timeout}s")
+            group = self.fetch_group(timeout=0.5)
+            if group is not None:
+                groups.append(group)
+        self.commit()
+        return groups
+
+    def _reached(self, ends: dict[int, int]) -> bool:
+        """Whether every partition is consumed up to ``ends`` (or holds nothing to consume)."""
+        assignment = [TopicPartition(self.topic, p) for p in ends]
+        consumed = {tp.partition: tp.offset for tp in self._consumer.position(assignment)}
+        committed = {tp.partition: tp.offset for tp in self._consumer.committed(assignment, timeout=10)}
+        for p, end in ends.items():
+            start = watermarks(self._consumer, TopicPartition(self.topic, p), 10)[0]
+            if max(consumed.get(p, -1), committed.get(p, -1), self._positions.get(p, -1), start) < end:
+                return False
+        return True
+
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where this consumer stands: save it with the trainer's checkpoint."""
@@ -196,3 +229,10 @@ class BatchConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def drain(channel: str = "val", bootstrap_servers: str | None = None, prefix: str = DEFAULT_PREFIX,
+          timeout: float = 60.0) -> list[ReadyGroup]:
+    """Every ready group of ``channel`` not drained before, once (validation sets)."""
+    with BatchConsumer(channel, bootstrap_servers, prefix=prefix) as consumer:
+        return consumer.drain(timeout)

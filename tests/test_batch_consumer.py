@@ -1,0 +1,68 @@
+"""BatchConsumer against the real broker and worker: DataProto batches, checkpoints, validation drains."""
+
+from __future__ import annotations
+
+from consumers import BatchConsumer, drain
+from consumers.backends import VerlBackend
+from infra.topics import describe_topics
+from pipelines.synthetic import make_groups
+from streams.producer import StepProducer
+from streams.topics import groups_topic
+from tests.helpers import fetch_groups, wait_for
+
+
+def test_fetch_dataproto_through_the_real_broker_and_worker(bootstrap_servers, prefix, start_worker):
+
+    sent, stream = make_groups(3, 2, 2, seed=4)
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("train")
+        start_worker(n_rollouts=2)
+        producer.submit_steps(stream, channel="train")
+    backend = VerlBackend(prompt_length=16, response_length=8)
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix, backend=backend) as consumer:
+        batch = consumer.fetch_dataproto(n_groups=2, timeout=60)
+        assert consumer.fetch_dataproto(n_groups=2, timeout=3) is None  # only one group left: held back
+        rest = consumer.fetch_dataproto(n_groups=1, timeout=10)
+    assert len(batch) == 8 and len(rest) == 4  # one row per step: 2 trajectories x 2 steps per group
+    uids = list(batch.non_tensor_batch["uid"]) + list(rest.non_tensor_batch["uid"])
+    assert sorted(set(uids)) == sorted(sent) and all(uids.count(u) == 4 for u in sent)
+
+
+def test_restart_from_a_checkpoint_neither_skips_nor_repeats(bootstrap_servers, prefix, start_worker):
+
+    sent, stream = make_groups(20, 2, 1, seed=6)
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("train")
+        start_worker(n_rollouts=2)
+        producer.submit_steps(stream, channel="train")
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix) as first:
+        trained = [g.prompt_uid for g in fetch_groups(first, 5, timeout=60)]
+        first.commit()
+        checkpoint = first.state_dict()  # saved with the trainer's checkpoint
+        fetch_groups(first, 3, timeout=30)  # used after the checkpoint, then the trainer died ...
+        first.commit()  # ... after the consumer group had committed them
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix) as second:
+        second.load_state_dict(checkpoint)
+        trained += [g.prompt_uid for g in fetch_groups(second, 15, timeout=60)]
+        assert second.fetch_group(timeout=2.0) is None
+    assert sorted(trained) == sorted(sent) and len(set(trained)) == 20
+
+
+def test_validation_channel_is_drained_once_and_isolated(bootstrap_servers, prefix, start_worker):
+
+    val_sent, val_stream = make_groups(3, 1, 2, seed=7, tag="v")
+    train_sent, train_stream = make_groups(2, 2, 1, seed=8, tag="t")
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("train")
+        producer.provision("val")
+        start_worker(channels="train,val", n_rollouts=2, extra=["--channel-setting", "val.n_rollouts=1"])
+        producer.submit_steps(val_stream, channel="val")
+        producer.submit_steps(train_stream, channel="train")
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix) as trainer:
+        assert sorted(g.prompt_uid for g in fetch_groups(trainer, 2, timeout=60)) == sorted(train_sent)
+
+    wait_for(lambda: describe_topics(bootstrap_servers, names=[groups_topic("val", prefix)])[0].records == 3, 60,
+             "the three validation groups to be ready")
+    first = drain("val", bootstrap_servers, prefix=prefix)
+    assert sorted(g.prompt_uid for g in first) == sorted(val_sent)
+    assert drain("val", bootstrap_servers, prefix=prefix) == []
