@@ -1,7 +1,8 @@
 """`make bench`: run every benchmark in turn."""
 
-from benchmarks import assembly_bench, codec_bench
+from benchmarks import assembly_bench, codec_bench, convert_bench
 
 if __name__ == "__main__":
     codec_bench.main()
     assembly_bench.main()
+    convert_bench.main()

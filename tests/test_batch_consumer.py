@@ -12,7 +12,6 @@ from tests.helpers import fetch_groups, wait_for
 
 
 def test_fetch_dataproto_through_the_real_broker_and_worker(bootstrap_servers, prefix, start_worker):
-
     sent, stream = make_groups(3, 2, 2, seed=4)
     with StepProducer(bootstrap_servers, prefix=prefix) as producer:
         producer.provision("train")
@@ -29,7 +28,6 @@ def test_fetch_dataproto_through_the_real_broker_and_worker(bootstrap_servers, p
 
 
 def test_restart_from_a_checkpoint_neither_skips_nor_repeats(bootstrap_servers, prefix, start_worker):
-
     sent, stream = make_groups(20, 2, 1, seed=6)
     with StepProducer(bootstrap_servers, prefix=prefix) as producer:
         producer.provision("train")
@@ -49,7 +47,6 @@ def test_restart_from_a_checkpoint_neither_skips_nor_repeats(bootstrap_servers, 
 
 
 def test_validation_channel_is_drained_once_and_isolated(bootstrap_servers, prefix, start_worker):
-
     val_sent, val_stream = make_groups(3, 1, 2, seed=7, tag="v")
     train_sent, train_stream = make_groups(2, 2, 1, seed=8, tag="t")
     with StepProducer(bootstrap_servers, prefix=prefix) as producer:
