@@ -39,6 +39,15 @@ def _name(step: Step) -> str:
     return f"step {step.trajectory_uid}#{step.step_index}"
 
 
+def check_group(steps: list[Step]) -> list[Step]:
+    """One prompt group: every step shares the first step's prompt_uid (GRPO groups by it)."""
+    for step in steps:
+        if step.prompt_uid != steps[0].prompt_uid:
+            raise ValueError(f"{_name(step)}: prompt_uid {step.prompt_uid!r} differs from its group's "
+                             f"{steps[0].prompt_uid!r}")
+    return steps
+
+
 @dataclass
 class Row:
     """One training row before padding."""
@@ -103,6 +112,7 @@ class VerlBackend(TrainingBackend):
             by_trajectory.setdefault(step.trajectory_uid, []).append(step)
         rows = []
         for trajectory in by_trajectory.values():
+            check_group(trajectory)
             trajectory.sort(key=lambda s: s.step_index)
             first = trajectory[0]
             context = list(first.prompt_ids)

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from infra.bootstrap import resolve_bootstrap_servers
 from infra.topics import watermarks
-from consumers.backends import TrainingBackend
+from consumers.backends import TrainingBackend, check_group
 from streams import codec
 from streams.dlq import dlq_headers
 from streams.records import ReadyGroup, Step
@@ -110,7 +110,8 @@ class BatchConsumer:
                 return None
             self._held.append(fetched)
         taken, self._held = self._held[:n_groups], self._held[n_groups:]
-        batch = self.backend.convert([step for group, _, _ in taken for step in group.steps], current_version)
+        steps = [step for group, _, _ in taken for step in check_group(group.steps)]
+        batch = self.backend.convert(steps, current_version)
         for _, partition, offset in taken:
             self._positions[partition] = offset + 1
         return batch
@@ -189,7 +190,7 @@ class BatchConsumer:
         if n_rollouts is not None and len(group.trajectory_uids) != n_rollouts:
             raise ValueError(f"n_rollouts: group {group.prompt_uid} has {len(group.trajectory_uids)} "
                              f"trajectories, the caller expects {n_rollouts}")
-        return group.steps
+        return check_group(group.steps)
 
     def _decode(self, message: Message) -> ReadyGroup | None:
         """Decode a group; anything else goes to the DLQ (never silently dropped)."""

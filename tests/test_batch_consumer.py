@@ -63,3 +63,30 @@ def test_validation_channel_is_drained_once_and_isolated(bootstrap_servers, pref
     first = drain("val", bootstrap_servers, prefix=prefix)
     assert sorted(g.prompt_uid for g in first) == sorted(val_sent)
     assert drain("val", bootstrap_servers, prefix=prefix) == []
+
+
+def test_verl_grpo_on_groups_that_came_through_the_broker(bootstrap_servers, prefix, start_worker):
+    import torch
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    sent, stream = make_groups(2, 4, 2, seed=10)  # trajectory r of each group is rewarded r
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("train")
+        start_worker(n_rollouts=4)
+        producer.submit_steps(stream, channel="train")
+    backend = VerlBackend(prompt_length=16, response_length=8)
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix, backend=backend) as consumer:
+        batch = consumer.fetch_dataproto(n_groups=2, timeout=60)
+    advantages, _ = compute_grpo_outcome_advantage(token_level_rewards=batch.batch["rm_scores"],
+                                                   response_mask=batch.batch["response_mask"],
+                                                   index=batch.non_tensor_batch["uid"])
+    # By hand: a step row's score is its own reward (0 on first steps, r on last steps),
+    # normalised within its prompt group with the unbiased std.
+    scores = batch.batch["rm_scores"].sum(dim=-1)
+    mask = batch.batch["response_mask"].bool()
+    for uid in sent:
+        rows = [i for i, u in enumerate(batch.non_tensor_batch["uid"]) if u == uid]
+        group = scores[rows]
+        expected = (group - group.mean()) / (group.std() + 1e-6)
+        for row, value in zip(rows, expected):
+            assert torch.allclose(advantages[row][mask[row]], value.expand(int(mask[row].sum())), atol=1e-5)

@@ -68,6 +68,8 @@ def test_log_probs_only_when_every_step_has_them():
     ([step("a", 0, [1], [2]), step("a", 1, [9, 9], [3])], VerlBackend(4, 4, row_mode="trajectory"),
      "step a#1: its prompt does not extend"),
     ([], VerlBackend(2, 2), "empty batch"),
+    ([step("a", 0, [1], [2]), step("a", 1, [1, 2], [3], uid="q")], VerlBackend(4, 4, row_mode="trajectory"),
+     "step a#1: prompt_uid 'q' differs from its group's 'p'"),
 ])
 def test_bad_batches_name_the_step(steps, backend, match):
     with pytest.raises(ValueError, match=match):
@@ -103,3 +105,10 @@ def test_verl_grpo_advantages_and_policy_loss_on_a_converted_group():
         loss_agg_mode="token-mean", config=config)
     # Same policy as the rollout: ratio 1, so the loss is minus the mean advantage over response tokens.
     assert torch.allclose(loss, -(advantages[mask]).mean(), atol=1e-5)
+
+
+def test_a_group_with_two_prompt_uids_is_refused_naming_the_step():
+    from consumers.backends import check_group
+
+    with pytest.raises(ValueError, match="step b#0: prompt_uid 'q' differs from its group's 'p'"):
+        check_group([step("a", 0, [1], [2]), step("b", 0, [1], [2], uid="q")])

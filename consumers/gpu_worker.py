@@ -1,0 +1,86 @@
+"""Ray actors that feed one data-parallel rank each: consume, convert, place on the device.
+
+Every rank reads the channel's groups in its own consumer group and keeps the
+groups whose ``prompt_uid`` hashes to it (CRC32 modulo the world size): ranks
+never overlap, never miss a group, and a whole prompt group always lands on one
+rank (what GRPO's per-group advantages need). Batches are copied to the rank's
+device from pinned host memory without blocking; with no GPU the device is the CPU.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+from consumers.backends import VerlBackend, check_group
+from consumers.batch_consumer import BatchConsumer
+from streams.topics import DEFAULT_PREFIX, trainer_group_id
+
+
+def rank_of(prompt_uid: str, world_size: int) -> int:
+    """The data-parallel rank that trains a prompt group (stable across processes)."""
+    return zlib.crc32(prompt_uid.encode()) % world_size
+
+
+class BatchWorker:
+    """One rank's feeder; ``make_batch_workers`` starts them as Ray actors."""
+
+    def __init__(self, rank: int, world_size: int, backend: dict[str, Any], channel: str = "train",
+                 bootstrap_servers: str | None = None, prefix: str = DEFAULT_PREFIX, device: str | None = None) -> None:
+        import torch
+
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank: {rank} is not in [0, {world_size})")
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.backend = VerlBackend(**backend)
+        self.consumer = BatchConsumer(channel, bootstrap_servers, prefix=prefix,
+                                      group_id=f"{trainer_group_id(channel, prefix)}.rank{rank}")
+
+    def next_batch(self, n_groups: int, timeout: float = 60.0, current_version: int | None = None) -> Any | None:
+        """This rank's next ``n_groups`` groups as a DataProto on the device, or None on timeout."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        steps = []
+        taken = 0
+        while taken < n_groups:
+            group = self.consumer.fetch_group(max(0.0, deadline - time.monotonic()))
+            if group is None:
+                return None
+            if rank_of(group.prompt_uid, self.world_size) == self.rank:
+                steps += check_group(group.steps)
+                taken += 1
+        batch = self.backend.convert(steps, current_version)
+        return self.to_device(batch)
+
+    def to_device(self, batch: Any) -> Any:
+        if self.device.type == "cpu":
+            return batch
+        for key in list(batch.batch.keys()):
+            batch.batch[key] = batch.batch[key].pin_memory().to(self.device, non_blocking=True)
+        import torch
+
+        torch.cuda.current_stream(self.device).synchronize()
+        return batch
+
+    def commit(self) -> None:
+        self.consumer.commit()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.consumer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.consumer.load_state_dict(state)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def make_batch_workers(world_size: int, backend: dict[str, Any], **options: Any) -> list[Any]:
+    """One ``BatchWorker`` Ray actor per rank, each given a GPU when the cluster has them."""
+    import ray
+
+    gpus = 1 if ray.cluster_resources().get("GPU", 0) >= world_size else 0
+    actor = ray.remote(num_gpus=gpus, num_cpus=0)(BatchWorker)
+    return [actor.remote(rank, world_size, backend, **options) for rank in range(world_size)]

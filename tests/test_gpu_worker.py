@@ -1,0 +1,36 @@
+"""Ray batch workers: ranks split the groups without overlap, each batch on the rank's device."""
+
+from __future__ import annotations
+
+import pytest
+
+from consumers.gpu_worker import make_batch_workers, rank_of
+from pipelines.synthetic import make_groups
+from streams.producer import StepProducer
+
+
+@pytest.fixture
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield ray
+    ray.shutdown()
+
+
+def test_two_ranks_split_groups_without_overlap(bootstrap_servers, prefix, start_worker, ray_cluster):
+    ray = ray_cluster
+    sent, stream = make_groups(12, 2, 1, seed=3)
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("train")
+        start_worker(n_rollouts=2)
+        producer.submit_steps(stream, channel="train")
+    per_rank = {r: sum(1 for uid in sent if rank_of(uid, 2) == r) for r in (0, 1)}
+    assert all(per_rank.values()), "the seed must give both ranks work"
+    workers = make_batch_workers(2, {"prompt_length": 16, "response_length": 8},
+                                 bootstrap_servers=bootstrap_servers, prefix=prefix)
+    batches = ray.get([w.next_batch.remote(per_rank[r], 60) for r, w in enumerate(workers)])
+    uids = [set(batch.non_tensor_batch["uid"]) for batch in batches]
+    assert uids[0].isdisjoint(uids[1]) and uids[0] | uids[1] == set(sent)
+    assert all(rank_of(uid, 2) == r for r, ranked in enumerate(uids) for uid in ranked)
+    assert all(str(batch.batch["input_ids"].device) in ("cpu", "cuda:0") for batch in batches)
+    ray.get([w.close.remote() for w in workers])
