@@ -94,3 +94,14 @@ def assert_exactly_the_groups_sent(groups: list[ReadyGroup], sent: dict[str, lis
         expected = sorted(sent[group.prompt_uid], key=lambda s: (s.trajectory_uid, s.step_index))
         assert [(s.trajectory_uid, s.step_index, s.prompt_ids, s.response_ids, s.reward) for s in group.steps] == \
             [(s.trajectory_uid, s.step_index, s.prompt_ids, s.response_ids, s.reward) for s in expected]
+
+
+def through_worker(bootstrap_servers: str, prefix: str, start_worker: Callable, steps: list[Step],
+                   n_rollouts: int, channel: str = "train") -> None:
+    """Provision the channel, start a worker, and submit ``steps`` (acknowledged)."""
+    from streams.producer import StepProducer
+
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision(channel)
+        start_worker(n_rollouts=n_rollouts)
+        producer.submit_steps(steps, channel=channel)

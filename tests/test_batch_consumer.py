@@ -8,15 +8,12 @@ from infra.topics import describe_topics
 from pipelines.synthetic import make_groups
 from streams.producer import StepProducer
 from streams.topics import groups_topic
-from tests.helpers import fetch_groups, wait_for
+from tests.helpers import fetch_groups, through_worker, wait_for
 
 
 def test_fetch_dataproto_through_the_real_broker_and_worker(bootstrap_servers, prefix, start_worker):
     sent, stream = make_groups(3, 2, 2, seed=4)
-    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
-        producer.provision("train")
-        start_worker(n_rollouts=2)
-        producer.submit_steps(stream, channel="train")
+    through_worker(bootstrap_servers, prefix, start_worker, stream, n_rollouts=2)
     backend = VerlBackend(prompt_length=16, response_length=8)
     with BatchConsumer("train", bootstrap_servers, prefix=prefix, backend=backend) as consumer:
         batch = consumer.fetch_dataproto(n_groups=2, timeout=60)
@@ -29,10 +26,7 @@ def test_fetch_dataproto_through_the_real_broker_and_worker(bootstrap_servers, p
 
 def test_restart_from_a_checkpoint_neither_skips_nor_repeats(bootstrap_servers, prefix, start_worker):
     sent, stream = make_groups(20, 2, 1, seed=6)
-    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
-        producer.provision("train")
-        start_worker(n_rollouts=2)
-        producer.submit_steps(stream, channel="train")
+    through_worker(bootstrap_servers, prefix, start_worker, stream, n_rollouts=2)
     with BatchConsumer("train", bootstrap_servers, prefix=prefix) as first:
         trained = [g.prompt_uid for g in fetch_groups(first, 5, timeout=60)]
         first.commit()
@@ -70,10 +64,7 @@ def test_verl_grpo_on_groups_that_came_through_the_broker(bootstrap_servers, pre
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
     sent, stream = make_groups(2, 4, 2, seed=10)  # trajectory r of each group is rewarded r
-    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
-        producer.provision("train")
-        start_worker(n_rollouts=4)
-        producer.submit_steps(stream, channel="train")
+    through_worker(bootstrap_servers, prefix, start_worker, stream, n_rollouts=4)
     backend = VerlBackend(prompt_length=16, response_length=8)
     with BatchConsumer("train", bootstrap_servers, prefix=prefix, backend=backend) as consumer:
         batch = consumer.fetch_dataproto(n_groups=2, timeout=60)

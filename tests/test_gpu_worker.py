@@ -6,7 +6,7 @@ import pytest
 
 from consumers.gpu_worker import make_batch_workers, rank_of
 from pipelines.synthetic import make_groups
-from streams.producer import StepProducer
+from tests.helpers import through_worker
 
 
 @pytest.fixture
@@ -20,10 +20,7 @@ def ray_cluster():
 def test_two_ranks_split_groups_without_overlap(bootstrap_servers, prefix, start_worker, ray_cluster):
     ray = ray_cluster
     sent, stream = make_groups(12, 2, 1, seed=3)
-    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
-        producer.provision("train")
-        start_worker(n_rollouts=2)
-        producer.submit_steps(stream, channel="train")
+    through_worker(bootstrap_servers, prefix, start_worker, stream, n_rollouts=2)
     per_rank = {r: sum(1 for uid in sent if rank_of(uid, 2) == r) for r in (0, 1)}
     assert all(per_rank.values()), "the seed must give both ranks work"
     workers = make_batch_workers(2, {"prompt_length": 16, "response_length": 8},
