@@ -51,6 +51,10 @@ class BatchConsumer:
             "enable.auto.commit": False,  # commit() after the trainer used a batch: at-least-once
             "fetch.wait.max.ms": 50,
             "queued.max.messages.kbytes": 16 * 1024,
+            # A trainer that died frees its partitions in 10 s; one that trains for an
+            # hour between two fetches keeps them.
+            "session.timeout.ms": 10000,
+            "max.poll.interval.ms": 3600 * 1000,
             "fetch.max.bytes": 64 * 1024 * 1024,
             **config,
         })

@@ -24,19 +24,48 @@ def test_fetch_dataproto_through_the_real_broker_and_worker(bootstrap_servers, p
     assert sorted(set(uids)) == sorted(sent) and all(uids.count(u) == 4 for u in sent)
 
 
-def test_restart_from_a_checkpoint_neither_skips_nor_repeats(bootstrap_servers, prefix, start_worker):
+TRAINER = """
+import json, os, signal, sys, time
+from consumers import BatchConsumer
+servers, prefix, out = sys.argv[1:4]
+consumer = BatchConsumer("train", servers, prefix=prefix)
+used = []
+while len(used) < 5:
+    group = consumer.fetch_group(timeout=60)
+    used.append(group.prompt_uid)
+consumer.commit()
+checkpoint = {"data": consumer.state_dict(), "used": list(used)}  # saved with the weights
+while len(used) < 8:  # trains on three more groups and commits them, but never checkpoints again
+    used.append(consumer.fetch_group(timeout=60).prompt_uid)
+consumer.commit()
+with open(out, "w") as f:
+    json.dump(checkpoint, f)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_sigkilled_trainer_resumes_from_its_checkpoint_exactly(bootstrap_servers, prefix, start_worker, tmp_path):
+    import json
+    import subprocess
+    import sys
+
     sent, stream = make_groups(20, 2, 1, seed=6)
     through_worker(bootstrap_servers, prefix, start_worker, stream, n_rollouts=2)
-    with BatchConsumer("train", bootstrap_servers, prefix=prefix) as first:
-        trained = [g.prompt_uid for g in fetch_groups(first, 5, timeout=60)]
-        first.commit()
-        checkpoint = first.state_dict()  # saved with the trainer's checkpoint
-        fetch_groups(first, 3, timeout=30)  # used after the checkpoint, then the trainer died ...
-        first.commit()  # ... after the consumer group had committed them
-    with BatchConsumer("train", bootstrap_servers, prefix=prefix) as second:
-        second.load_state_dict(checkpoint)
-        trained += [g.prompt_uid for g in fetch_groups(second, 15, timeout=60)]
-        assert second.fetch_group(timeout=2.0) is None
+    out = tmp_path / "checkpoint.json"
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, bootstrap_servers, prefix, str(out)],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert trainer.stdout.readline().strip() == "ready"
+    finally:
+        trainer.kill()  # SIGKILL between its last commit and any further checkpoint
+        trainer.wait()
+    checkpoint = json.loads(out.read_text())
+    trained = list(checkpoint["used"])
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix) as restarted:
+        restarted.load_state_dict(checkpoint["data"])
+        trained += [g.prompt_uid for g in fetch_groups(restarted, 15, timeout=60)]
+        assert restarted.fetch_group(timeout=2.0) is None
     assert sorted(trained) == sorted(sent) and len(set(trained)) == 20
 
 
