@@ -42,7 +42,7 @@ import faust
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client import start_http_server
 
-from infra.topics import consumer_group_lag, delete_records_before, end_offsets_of, watermarks
+from infra.topics import consumer_group_lag, delete_records_before, describe_topics, end_offsets_of
 from streams import codec
 from streams.assembly import Outcome, PendingGroup
 from streams.dlq import dlq_headers
@@ -406,36 +406,16 @@ class GroupAssembler:
 
         Returns prompt_uid -> (groups partition, groups offset, source offset)."""
         topic = groups_topic(channel, self.prefix)
-        consumer = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": f"{self.prefix}.reconcile",
-                             "enable.auto.commit": False, "enable.partition.eof": True, "logger": log})
+        log_bounds = describe_topics(self.bootstrap_servers, names=[topic])[0]
         found: dict[str, tuple[int, int, int]] = {}
-        try:
-            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-            pending = set()
-            assignment = []
-            for p in partitions:
-                low, high = watermarks(consumer, TopicPartition(topic, p), 10)
-                start = max(low, marks.get(str(p), -1) + 1)
-                if start < high:
-                    assignment.append(TopicPartition(topic, p, start))
-                    pending.add(p)
-            consumer.assign(assignment)
-            ends = {tp.partition: watermarks(consumer, tp, 10)[1] for tp in assignment}
-            while pending:
-                message = consumer.poll(1.0)
-                if message is None:
-                    continue
-                if message.error():
-                    pending.discard(message.partition())
-                    continue
-                headers = dict(message.headers() or [])
+        for p, (low, high) in enumerate(zip(log_bounds.start_offsets, log_bounds.end_offsets)):
+            start = max(low, marks.get(str(p), -1) + 1)
+            if start >= high:
+                continue
+            for record in read_range(self.bootstrap_servers, topic, p, start, high):
+                headers = dict(record.headers)
                 if headers.get(SOURCE_PARTITION) == str(partition).encode():
-                    found[message.key().decode()] = (message.partition(), message.offset(),
-                                                     int(headers[SOURCE_OFFSET]))
-                if message.offset() + 1 >= ends[message.partition()]:
-                    pending.discard(message.partition())
-        finally:
-            consumer.close()
+                    found[record.key.decode()] = (p, record.offset, int(headers[SOURCE_OFFSET]))
         return found
 
     # -- periodic work -------------------------------------------------------------
