@@ -199,6 +199,24 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- gateway --------------------------------------------------------------------
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from gateway.config import settings_from_args
+    from gateway.server import serve
+
+    return serve(settings_from_args(args))
+
+
+def cmd_inference_server(args: argparse.Namespace) -> int:
+    from infra.inference_server import main as serve_model
+
+    forwarded = ["--host", args.host, "--port", str(args.port), "--served-model-name", args.served_model_name]
+    if args.model_dir:
+        forwarded += ["--model-dir", args.model_dir]
+    return serve_model(forwarded)
+
+
 # -- demo -----------------------------------------------------------------------
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -261,6 +279,20 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--prefix", default=DEFAULT_PREFIX)
     stats.add_argument("--json", action="store_true", help="machine-readable output")
     stats.set_defaults(func=cmd_stats)
+
+    gateway = sub.add_parser("gateway", help="the HTTP gateway of agents (OpenAI-compatible, token-exact)")
+    from gateway.config import add_gateway_arguments
+
+    add_gateway_arguments(gateway)
+    gateway.set_defaults(func=cmd_gateway)
+
+    serve_model = sub.add_parser("inference-server",
+                                 help="a local vLLM-compatible server of the tiny chat model (tests, demo)")
+    serve_model.add_argument("--model-dir", help="a Hugging Face causal LM directory (default: the tiny model)")
+    serve_model.add_argument("--served-model-name", default="trajbus-tiny-chat")
+    serve_model.add_argument("--host", default="127.0.0.1")
+    serve_model.add_argument("--port", type=int, default=8000)
+    serve_model.set_defaults(func=cmd_inference_server)
 
     demo = sub.add_parser("demo", help="broker + worker + producer + consumer, end to end")
     demo.add_argument("--bootstrap-servers", help="use this cluster instead of a throw-away embedded broker")

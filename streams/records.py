@@ -60,6 +60,11 @@ def _check_metadata(name: str, metadata: object) -> dict:
     return metadata
 
 
+def validate_metadata(metadata: object) -> dict:
+    """Metadata of any record: a JSON-serialisable dict."""
+    return _check_metadata("metadata", metadata)
+
+
 def _check_n_rollouts(value: object) -> int | None:
     if value is None:
         return None

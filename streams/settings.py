@@ -12,15 +12,15 @@ from streams.topics import DEFAULT_CHANNELS, TopicSettings, validate_channel
 STALE_ACTIONS = ("drop", "tag")
 
 
-def import_dotted(path: str) -> Any:
-    """``package.module:attr`` or ``package.module.attr`` -> the object; ``ValueError`` naming the path."""
+def import_dotted(path: str, what: str = "group_filter") -> Any:
+    """``package.module:attr`` or ``package.module.attr`` -> the object; ``ValueError`` naming ``what``."""
     module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
     if not module_name or not attr:
-        raise ValueError(f"group_filter: {path!r} is not a dotted path like package.module.function")
+        raise ValueError(f"{what}: {path!r} is not a dotted path like package.module.function")
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"group_filter: cannot import {path!r} ({exc})") from None
+        raise ValueError(f"{what}: cannot import {path!r} ({exc})") from None
 
 
 @dataclass(frozen=True)

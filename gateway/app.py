@@ -1,0 +1,217 @@
+"""The gateway's HTTP routes: operations, white-box, black-box.
+
+Operations: ``/ready`` (503 with reasons until tokenizer, producer and a
+backend are ready), ``/health``, ``/metrics``, ``/statistics``.
+White-box: ``/generate``, ``/submit_steps?channel=``, ``/compute_reward``.
+Black-box: ``/init_trajectory`` hands out ``base_url`` =
+``{public url}/{trajectory_uid}/{prompt_uid}/v1``; under it an OpenAI client
+calls ``chat/completions``, and the agent's harness ``register_trajectory`` and
+``complete_trajectory``. White-box and admin routes take ``--api-key`` as a
+bearer token when one is set; a black-box URL is its own capability.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.backends import BackendError, NoBackendAvailable
+from gateway.chat import ChatCompletions, backend_failure, check_prompt_length
+from gateway.config import GatewaySettings
+from gateway.errors import GatewayError, bad_request, install_error_handlers
+from gateway.schemas import (ChatCompletionRequest, CompleteTrajectoryRequest, GenerateRequest,
+                             InitTrajectoryRequest, RegisterTrajectoryRequest, SubmitStepsRequest)
+from gateway.service import GatewayService
+from streams.records import Step
+
+log = logging.getLogger("trajbus.gateway")
+
+
+class BodySizeLimit:
+    """413 for request bodies over the cap, declared (Content-Length) or streamed (chunked)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._reject(send)
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise GatewayError(413, f"request body exceeds {self.max_bytes} bytes", code="request_too_large")
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except GatewayError:
+            await self._reject(send)
+
+    async def _reject(self, send: Send) -> None:
+        error = GatewayError(413, f"request body exceeds {self.max_bytes} bytes", code="request_too_large")
+        response = JSONResponse(error.body(), 413)
+        await response({"type": "http"}, None, send)  # type: ignore[arg-type]
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    service = GatewayService(settings)
+    chat = ChatCompletions(service)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        await service.start()
+        yield
+        await service.close()
+
+    app = FastAPI(title="trajbus gateway", lifespan=lifespan)
+    app.state.service = service
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next):
+        started = time.monotonic()
+        response = await call_next(request)
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        service.metrics.requests.labels(route, str(response.status_code)).inc()
+        service.metrics.latency.labels(route).observe(time.monotonic() - started)
+        if response.status_code >= 400:
+            log.info("request method=%s route=%s status=%d ms=%.1f", request.method, route,
+                     response.status_code, 1000 * (time.monotonic() - started))
+        return response
+
+    def require_api_key(request: Request) -> None:
+        if settings.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(), settings.api_key.encode()):
+            raise GatewayError(401, "missing or wrong API key (Authorization: Bearer <key>)",
+                               type_="authentication_error", code="invalid_api_key")
+
+    admin = [Depends(require_api_key)]
+
+    # -- operations ---------------------------------------------------------------
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        missing = service.readiness()
+        if missing:
+            return JSONResponse({"ready": False, "reason": "; ".join(missing), "not_ready": missing}, 503)
+        return JSONResponse({"ready": True})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        for backend in service.backends.backends.values():
+            service.metrics.backend_up.labels(backend.address).set(1 if backend.healthy else 0)
+        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/statistics", dependencies=admin)
+    async def statistics() -> dict[str, Any]:
+        return service.statistics()
+
+    # -- white-box ----------------------------------------------------------------
+    sticky: dict[str, str] = {}
+
+    @app.post("/generate", dependencies=admin)
+    async def generate(body: GenerateRequest) -> dict[str, Any]:
+        service.require("backend")
+        check_prompt_length(body.prompt_ids, settings.prompt_length, what="prompt_ids")
+        try:
+            backend, completions = await service.backends.complete(
+                body.prompt_ids, body.engine_params(settings.response_length),
+                preferred=sticky.get(body.trajectory_uid or ""))
+        except (NoBackendAvailable, BackendError) as exc:
+            raise backend_failure(exc) from None
+        if body.trajectory_uid:
+            sticky.pop(body.trajectory_uid, None)
+            sticky[body.trajectory_uid] = backend
+            if len(sticky) > 100_000:
+                sticky.pop(next(iter(sticky)))
+        choices = [{"index": c.index, "response_ids": c.token_ids, "log_probs": c.logprobs,
+                    "finish_reason": c.finish_reason, "text": c.text} for c in completions]
+        first = choices[0]
+        return {"response_ids": first["response_ids"], "log_probs": first["log_probs"],
+                "finish_reason": first["finish_reason"], "text": first["text"], "choices": choices,
+                "backend": backend}
+
+    @app.post("/submit_steps", dependencies=admin)
+    async def submit_steps(body: SubmitStepsRequest | list[dict[str, Any]],
+                           channel: str = Query(settings.default_channel)) -> dict[str, Any]:
+        raw, n_rollouts = (body.steps, body.n_rollouts) if isinstance(body, SubmitStepsRequest) else (body, None)
+        if not raw:
+            raise bad_request("steps: at least one step is required", param="steps")
+        steps = []
+        for position, data in enumerate(raw):
+            try:
+                steps.append(Step.from_dict(data))
+            except ValueError as exc:
+                field = str(exc).split(":", 1)[0]
+                raise bad_request(f"steps[{position}].{exc}", param=f"steps[{position}].{field}") from None
+        count = await service.publish(steps, channel, "submit_steps", n_rollouts)
+        return {"published": count, "channel": channel}
+
+    @app.post("/compute_reward", dependencies=admin)
+    async def compute_reward(body: dict[str, Any]) -> dict[str, float]:
+        return {"reward": await service.score(body)}
+
+    # -- black-box ----------------------------------------------------------------
+    @app.post("/init_trajectory", dependencies=admin)
+    async def init_trajectory(body: InitTrajectoryRequest | None = None) -> dict[str, Any]:
+        body = body or InitTrajectoryRequest()
+        trajectory = service.init_trajectory(body.prompt_uid, body.channel, body.n_rollouts, body.metadata)
+        base_url = (f"{settings.base_address}/{trajectory.trajectory_uid}/"
+                    f"{quote(trajectory.prompt_uid, safe='')}/v1")
+        return {"trajectory_uid": trajectory.trajectory_uid, "prompt_uid": trajectory.prompt_uid,
+                "channel": trajectory.channel, "base_url": base_url}
+
+    base = "/{trajectory_uid}/{prompt_uid:path}/v1"
+
+    @app.post(base + "/register_trajectory")
+    async def register_trajectory(trajectory_uid: str, prompt_uid: str,
+                                  body: RegisterTrajectoryRequest | None = None) -> dict[str, Any]:
+        body = body or RegisterTrajectoryRequest()
+        trajectory = service.register(service.trajectory(trajectory_uid, prompt_uid), body.channel,
+                                      body.n_rollouts, body.metadata, body.policy_version)
+        return {"trajectory_uid": trajectory.trajectory_uid, "prompt_uid": trajectory.prompt_uid,
+                "channel": trajectory.channel, "n_rollouts": trajectory.n_rollouts,
+                "policy_version": trajectory.policy_version, "next_step": trajectory.next_step}
+
+    @app.post(base + "/chat/completions")
+    async def chat_completions(trajectory_uid: str, prompt_uid: str, body: ChatCompletionRequest):
+        return await chat.create(service.trajectory(trajectory_uid, prompt_uid), body)
+
+    @app.get(base + "/models")
+    async def models(trajectory_uid: str, prompt_uid: str) -> dict[str, Any]:
+        service.trajectory(trajectory_uid, prompt_uid, open_only=False)
+        return {"object": "list", "data": [{"id": settings.served_model_name, "object": "model",
+                                            "owned_by": "trajbus"}]}
+
+    @app.post(base + "/complete_trajectory")
+    async def complete_trajectory(trajectory_uid: str, prompt_uid: str,
+                                  body: CompleteTrajectoryRequest | None = None) -> dict[str, Any]:
+        body = body or CompleteTrajectoryRequest()
+        trajectory = service.trajectory(trajectory_uid, prompt_uid)
+        reward = await service.complete(trajectory, body.reward, body.metadata)
+        return {"trajectory_uid": trajectory_uid, "prompt_uid": prompt_uid, "reward": reward,
+                "steps": trajectory.published_steps}
+
+    return app

@@ -1,0 +1,248 @@
+"""The inference backends behind the gateway: vLLM-compatible servers, round robin.
+
+Calls of one trajectory stay on one backend while it is healthy (its prefix
+cache holds the conversation so far). A backend that refuses a connection, or
+fails its health check, is taken out; the health loop puts it back once
+``GET /health`` answers again. A request is retried on another backend only
+when it never reached the first (the connection could not be made): a request
+that reached an engine may have been executed, and is not silently repeated.
+
+The gateway asks for what token-exact capture needs: a token-id prompt,
+``return_token_ids`` (vLLM >= 0.10.2) and per-token ``logprobs``, with
+``return_tokens_as_token_ids`` as the fallback source of the ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import httpx
+
+log = logging.getLogger("trajbus.gateway")
+
+NEVER_REACHED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+class NoBackendAvailable(RuntimeError):
+    """Every backend is out (or was tried and refused the connection)."""
+
+
+class BackendError(RuntimeError):
+    """A backend answered with an error or broke off after the request reached it."""
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Backend:
+    address: str
+    healthy: bool = False
+    in_flight: int = 0
+    requests: int = 0
+    failures: int = 0
+    last_error: str | None = None
+    checked_at: float = 0.0
+
+    def describe(self) -> dict[str, Any]:
+        return {"address": self.address, "healthy": self.healthy, "in_flight": self.in_flight,
+                "requests": self.requests, "failures": self.failures, "last_error": self.last_error}
+
+
+@dataclass
+class Completion:
+    """One choice as the engine produced it."""
+
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+
+
+@dataclass
+class StreamDelta:
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+
+
+def _ids_of(choice: dict[str, Any]) -> list[int]:
+    if choice.get("token_ids") is not None:
+        return [int(t) for t in choice["token_ids"]]
+    tokens = (choice.get("logprobs") or {}).get("tokens") or []
+    if all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+        return [int(t.split(":", 1)[1]) for t in tokens]
+    raise BackendError("backend returned no token ids (needs vLLM's return_token_ids or "
+                       "return_tokens_as_token_ids)")
+
+
+def _logprobs_of(choice: dict[str, Any]) -> list[float]:
+    values = (choice.get("logprobs") or {}).get("token_logprobs")
+    if values is None:
+        raise BackendError("backend returned no log-probabilities")
+    return [float(v) for v in values]
+
+
+def request_body(prompt_ids: list[int], sampling: dict[str, Any], model: str | None, stream: bool) -> dict[str, Any]:
+    """The vLLM completions request of one call."""
+    body = {"prompt": prompt_ids, "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True,
+            "skip_special_tokens": True, "stream": stream, **{k: v for k, v in sampling.items() if v is not None}}
+    if model:
+        body["model"] = model
+    return body
+
+
+class BackendPool:
+    def __init__(self, addresses: list[str], timeout: float = 600.0, health_interval: float = 2.0) -> None:
+        self.backends = {address: Backend(address) for address in addresses}
+        self._order = list(self.backends)
+        self._next = 0
+        self.health_interval = health_interval
+        self.model: str | None = None
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=5.0),
+                                        limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256))
+        self._health_task: asyncio.Task | None = None
+
+    # -- health -----------------------------------------------------------------
+    async def check(self, backend: Backend) -> bool:
+        try:
+            response = await self.client.get(f"{backend.address}/health", timeout=5.0)
+            ok = response.status_code == 200
+            if ok and self.model is None:
+                self.model = await self._model_name(backend)
+        except httpx.HTTPError as exc:
+            ok, backend.last_error = False, f"{type(exc).__name__}: {exc}"
+        if ok != backend.healthy:
+            log.warning("backend %s address=%s", "back in" if ok else "taken out", backend.address)
+        backend.healthy, backend.checked_at = ok, time.time()
+        return ok
+
+    async def _model_name(self, backend: Backend) -> str | None:
+        try:
+            data = (await self.client.get(f"{backend.address}/v1/models", timeout=5.0)).json()["data"]
+            return data[0]["id"]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError):
+            return None
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(b) for b in self.backends.values()))
+
+    def start(self) -> None:
+        async def loop() -> None:
+            while True:
+                await self.check_all()
+                await asyncio.sleep(self.health_interval)
+
+        self._health_task = asyncio.create_task(loop())
+
+    async def close(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+        await self.client.aclose()
+
+    @property
+    def ready(self) -> bool:
+        return any(b.healthy for b in self.backends.values())
+
+    # -- choosing ---------------------------------------------------------------
+    def pick(self, preferred: str | None = None, exclude: set[str] = frozenset()) -> Backend:
+        """The trajectory's backend while healthy, else the next healthy one in round robin."""
+        if preferred in self.backends and self.backends[preferred].healthy and preferred not in exclude:
+            return self.backends[preferred]
+        for _ in range(len(self._order)):
+            backend = self.backends[self._order[self._next % len(self._order)]]
+            self._next += 1
+            if backend.healthy and backend.address not in exclude:
+                return backend
+        raise NoBackendAvailable("no inference backend is available: "
+                                 + "; ".join(f"{b.address}: {b.last_error or 'unhealthy'}"
+                                             for b in self.backends.values()))
+
+    def _refused(self, backend: Backend, exc: Exception) -> None:
+        backend.healthy, backend.failures = False, backend.failures + 1
+        backend.last_error = f"{type(exc).__name__}: {exc}"
+        log.warning("backend taken out address=%s error=%s", backend.address, backend.last_error)
+
+    async def _send(self, body: dict[str, Any], preferred: str | None) -> tuple[Backend, httpx.Response]:
+        tried: set[str] = set()
+        while True:
+            backend = self.pick(preferred, exclude=tried)
+            tried.add(backend.address)
+            request = self.client.build_request("POST", f"{backend.address}/v1/completions", json=body)
+            backend.in_flight += 1
+            backend.requests += 1
+            try:
+                response = await self.client.send(request, stream=True)
+            except NEVER_REACHED as exc:  # nothing was executed: safe to try another backend
+                backend.in_flight -= 1
+                self._refused(backend, exc)
+                continue
+            except httpx.HTTPError as exc:
+                backend.in_flight -= 1
+                backend.failures += 1
+                raise BackendError(f"backend {backend.address} failed after the request was sent: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+            if response.status_code != 200:
+                backend.in_flight -= 1
+                detail = (await response.aread()).decode(errors="replace")[:2000]
+                await response.aclose()
+                raise BackendError(f"backend {backend.address} answered {response.status_code}: {detail}",
+                                   status=400 if response.status_code == 400 else 502)
+            return backend, response
+
+    async def complete(self, prompt_ids: list[int], sampling: dict[str, Any],
+                       preferred: str | None = None) -> tuple[str, list[Completion]]:
+        """One non-streaming call; returns the backend used and its choices."""
+        backend, response = await self._send(request_body(prompt_ids, sampling, self.model, False), preferred)
+        try:
+            data = json.loads(await response.aread())
+        except (httpx.HTTPError, ValueError) as exc:
+            backend.failures += 1
+            raise BackendError(f"backend {backend.address} broke off: {type(exc).__name__}: {exc}") from exc
+        finally:
+            backend.in_flight -= 1
+            await response.aclose()
+        choices = [Completion(c["index"], _ids_of(c), _logprobs_of(c), c.get("text", ""),
+                              c.get("finish_reason") or "stop") for c in data["choices"]]
+        return backend.address, sorted(choices, key=lambda c: c.index)
+
+    async def stream(self, prompt_ids: list[int], sampling: dict[str, Any],
+                     preferred: str | None = None) -> tuple[str, AsyncIterator[StreamDelta]]:
+        """A streaming call: connects (with the never-reached retry) before returning the iterator."""
+        backend, response = await self._send(request_body(prompt_ids, sampling, self.model, True), preferred)
+
+        async def deltas() -> AsyncIterator[StreamDelta]:
+            try:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        return
+                    chunk = json.loads(payload)
+                    if "error" in chunk:
+                        raise BackendError(f"backend {backend.address} failed mid-stream: {chunk['error']}")
+                    for choice in chunk.get("choices", []):
+                        ids = _ids_of(choice) if (choice.get("token_ids") or choice.get("logprobs")) else []
+                        yield StreamDelta(choice["index"], ids, _logprobs_of(choice) if ids else [],
+                                          choice.get("text") or "", choice.get("finish_reason"))
+            except httpx.HTTPError as exc:
+                backend.failures += 1
+                raise BackendError(f"backend {backend.address} broke off mid-stream: {exc}") from exc
+            finally:
+                backend.in_flight -= 1
+                await response.aclose()
+
+        return backend.address, deltas()
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [b.describe() for b in self.backends.values()]

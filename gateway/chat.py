@@ -1,0 +1,214 @@
+"""Black-box chat completions: OpenAI's API in front, one token-exact Step per call behind.
+
+For every call the gateway renders the whole conversation with the chat
+template (``prompt_ids``), sends those ids to the engine, and publishes the ids
+the engine sampled (``response_ids``, EOS included) with one log-probability per
+id: nothing is re-encoded from text. The reply, plain or streamed as OpenAI
+chunks, is built from the same generation; tool calls are parsed from it when
+the request offers tools. Steps are acknowledged by the broker before the
+reply completes (before ``finish_reason`` when streaming).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from gateway import tool_calls
+from gateway.backends import BackendError, Completion, NoBackendAvailable
+from gateway.errors import GatewayError, bad_request, unavailable
+from gateway.schemas import ChatCompletionRequest
+from gateway.service import GatewayService
+from gateway.trajectories import Trajectory
+from streams.records import Step
+
+log = logging.getLogger("trajbus.gateway")
+
+
+def backend_failure(exc: Exception) -> GatewayError:
+    if isinstance(exc, NoBackendAvailable):
+        return unavailable(str(exc), code="no_backend")
+    status = getattr(exc, "status", 502)
+    return GatewayError(status, str(exc), type_="invalid_request_error" if status == 400 else "backend_error",
+                        code="backend_error")
+
+
+def check_prompt_length(prompt_ids: list[int], limit: int, what: str = "messages") -> None:
+    if len(prompt_ids) > limit:
+        raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {what} "
+                          f"resulted in {len(prompt_ids)} tokens.", param=what, code="context_length_exceeded")
+
+
+def check_logprobs(completion: Completion) -> None:
+    if len(completion.logprobs) != len(completion.token_ids):
+        raise GatewayError(502, f"backend returned {len(completion.logprobs)} log-probs for "
+                                f"{len(completion.token_ids)} tokens", type_="backend_error", code="backend_error")
+
+
+@dataclass
+class _Choice:
+    """One streamed choice as it accumulates."""
+
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    sent: int = 0
+    finish_reason: str = "stop"
+
+    def completion(self) -> Completion:
+        return Completion(self.index, self.token_ids, self.logprobs, self.text, self.finish_reason)
+
+
+class ChatCompletions:
+    def __init__(self, service: GatewayService) -> None:
+        self.service = service
+
+    async def create(self, trajectory: Trajectory, request: ChatCompletionRequest):
+        service = self.service
+        service.require("tokenizer", "kafka", "backend")
+        messages = [m.for_template() for m in request.messages]
+        try:
+            prompt_ids = service.tokenizer.chat_prompt_ids(messages, request.tools)
+        except Exception as exc:  # the template refused the conversation (e.g. roles out of order)
+            raise bad_request(f"messages: the chat template cannot render this conversation: {exc}",
+                              param="messages") from None
+        check_prompt_length(prompt_ids, service.settings.prompt_length)
+        sampling = request.engine_params(service.settings.response_length)
+        call = _Call(service, trajectory, request, messages, prompt_ids, sampling)
+        call.first_step = service.store.reserve_steps(trajectory.trajectory_uid, request.n)
+        try:
+            if request.stream:
+                return await call.stream()
+            return await call.complete()
+        except BaseException:
+            call.release()
+            raise
+
+
+class _Call:
+    """One chat completion request of one trajectory."""
+
+    def __init__(self, service: GatewayService, trajectory: Trajectory, request: ChatCompletionRequest,
+                 messages: list[dict[str, Any]], prompt_ids: list[int], sampling: dict[str, Any]) -> None:
+        self.service, self.trajectory, self.request = service, trajectory, request
+        self.messages, self.prompt_ids, self.sampling = messages, prompt_ids, sampling
+        self.first_step = 0
+        self.published = False
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = request.model or service.settings.served_model_name
+        self.started = time.monotonic()
+
+    def release(self) -> None:
+        if not self.published:
+            self.service.store.release_steps(self.trajectory.trajectory_uid, self.first_step, self.request.n)
+
+    def _parse(self, completion: Completion) -> tool_calls.ParsedOutput:
+        if self.request.tools:
+            return tool_calls.parse(completion.text)
+        return tool_calls.ParsedOutput(completion.text, [])
+
+    async def _publish(self, backend: str, completions: list[Completion]) -> None:
+        t = self.trajectory
+        version = self.service.policy_version(t)
+        steps = [Step(prompt_ids=self.prompt_ids, response_ids=c.token_ids, trajectory_uid=t.trajectory_uid,
+                      prompt_uid=t.prompt_uid, step_index=self.first_step + i, policy_version=version,
+                      metadata={**t.metadata, "finish_reason": c.finish_reason},
+                      rollout_log_probs=c.logprobs, channel=t.channel, n_rollouts=t.n_rollouts)
+                 for i, c in enumerate(completions)]
+        self.service.metrics.engine_latency.observe(time.monotonic() - self.started)
+        await self.service.publish(steps, t.channel, "chat", t.n_rollouts)
+        self.published = True
+        parsed = self._parse(completions[0])
+        answer: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if parsed.tool_calls:
+            answer["tool_calls"] = parsed.tool_calls
+        self.service.store.record_published(t.trajectory_uid, len(steps), self.messages + [answer], backend)
+        log.debug("chat step published trajectory=%s step=%d backend=%s", t.trajectory_uid, self.first_step,
+                  backend)
+
+    def _usage(self, completions: list[Completion]) -> dict[str, int]:
+        generated = sum(len(c.token_ids) for c in completions)
+        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": generated,
+                "total_tokens": len(self.prompt_ids) + generated}
+
+    async def complete(self) -> JSONResponse:
+        try:
+            backend, completions = await self.service.backends.complete(
+                self.prompt_ids, self.sampling, preferred=self.trajectory.backend)
+        except (NoBackendAvailable, BackendError) as exc:
+            raise backend_failure(exc) from None
+        for completion in completions:
+            check_logprobs(completion)
+        await self._publish(backend, completions)
+        choices = []
+        for completion in completions:
+            parsed = self._parse(completion)
+            message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+            if parsed.tool_calls:
+                message["tool_calls"] = parsed.tool_calls
+            choices.append({"index": completion.index, "message": message, "logprobs": None,
+                            "finish_reason": "tool_calls" if parsed.tool_calls else completion.finish_reason})
+        return JSONResponse({"id": self.id, "object": "chat.completion", "created": self.created,
+                             "model": self.model, "choices": choices, "usage": self._usage(completions)})
+
+    def _chunk(self, index: int, delta: dict[str, Any], finish_reason: str | None = None) -> str:
+        payload = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                   "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+        return f"data: {json.dumps(payload)}\n\n"
+
+    async def stream(self) -> StreamingResponse:
+        try:  # connect before answering: a refused connection is retried, an unavailable pool is a 503
+            backend, deltas = await self.service.backends.stream(
+                self.prompt_ids, self.sampling, preferred=self.trajectory.backend)
+        except (NoBackendAvailable, BackendError) as exc:
+            raise backend_failure(exc) from None
+        return StreamingResponse(self._events(backend, deltas), media_type="text/event-stream")
+
+    async def _events(self, backend: str, deltas: AsyncIterator) -> AsyncIterator[str]:
+        choices = {i: _Choice(i) for i in range(self.request.n)}
+        try:
+            for index in choices:
+                yield self._chunk(index, {"role": "assistant", "content": ""})
+            async for delta in deltas:
+                choice = choices[delta.index]
+                choice.token_ids += delta.token_ids
+                choice.logprobs += delta.logprobs
+                choice.text += delta.text
+                if delta.finish_reason:
+                    choice.finish_reason = delta.finish_reason
+                ready = tool_calls.safe_prefix(choice.text) if self.request.tools else len(choice.text)
+                if ready > choice.sent:
+                    yield self._chunk(choice.index, {"content": choice.text[choice.sent:ready]})
+                    choice.sent = ready
+            completions = [c.completion() for c in choices.values()]
+            for completion in completions:
+                check_logprobs(completion)
+            await self._publish(backend, completions)
+        except (BackendError, GatewayError) as exc:
+            error = backend_failure(exc) if isinstance(exc, BackendError) else exc
+            log.warning("chat stream failed trajectory=%s error=%s", self.trajectory.trajectory_uid, error.message)
+            self.release()
+            yield f"data: {json.dumps(error.body())}\n\n"
+            return
+        except BaseException:
+            self.release()  # client went away or the server is stopping: nothing was published
+            raise
+        for choice, completion in zip(choices.values(), completions):
+            parsed = self._parse(completion)
+            if parsed.tool_calls:
+                calls = [{"index": k, **call} for k, call in enumerate(parsed.tool_calls)]
+                yield self._chunk(choice.index, {"tool_calls": calls})
+            elif choice.sent < len(choice.text):
+                yield self._chunk(choice.index, {"content": choice.text[choice.sent:]})
+            yield self._chunk(choice.index, {}, "tool_calls" if parsed.tool_calls else completion.finish_reason)
+        if (self.request.stream_options or {}).get("include_usage"):
+            yield f"data: {json.dumps({'id': self.id, 'object': 'chat.completion.chunk', 'created': self.created, 'model': self.model, 'choices': [], 'usage': self._usage(completions)})}\n\n"
+        yield "data: [DONE]\n\n"

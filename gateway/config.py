@@ -1,0 +1,112 @@
+"""The gateway's settings and the command-line flags that set them.
+
+The flags of the seed design (``--vllm-addresses``, ``--tokenizer-path``,
+``--prompt-length``, ...) are kept by name, so a launcher written for it starts
+this gateway unchanged; ``--bootstrap-servers`` replaces the Ray data pool.
+``python -m gateway`` and ``trajbus gateway`` share this one parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra.paths import trajbus_cache_dir
+from streams.topics import DEFAULT_PREFIX, validate_channel
+
+DEFAULT_PORT = 8100
+
+
+@dataclass
+class GatewaySettings:
+    vllm_addresses: list[str]
+    tokenizer_path: str
+    prompt_length: int = 4096
+    response_length: int = 1024
+    bootstrap_servers: str | None = None
+    prefix: str = DEFAULT_PREFIX
+    default_channel: str = "train"
+    reward_function: str | None = None
+    reward_worker_name: str | None = None
+    ray_address: str | None = None
+    ray_namespace: str | None = None
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    public_url: str | None = None
+    api_key: str | None = None
+    state_dir: Path = field(default_factory=lambda: trajbus_cache_dir() / "gateway")
+    max_body_bytes: int = 8 * 2**20
+    health_interval: float = 2.0
+    backend_timeout: float = 600.0
+    served_model_name: str = "trajbus"
+
+    @property
+    def base_address(self) -> str:
+        """What agents are told to call: ``--public-url``, else http://HOST:PORT."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        return f"http://{self.host}:{self.port}"
+
+
+def _addresses(text: str) -> list[str]:
+    addresses = []
+    for item in text.split(","):
+        item = item.strip().rstrip("/")
+        if not item:
+            continue
+        if not item.startswith(("http://", "https://")):
+            item = f"http://{item}"
+        addresses.append(item)
+    if not addresses:
+        raise argparse.ArgumentTypeError("expected at least one HOST:PORT")
+    return addresses
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _channel(text: str) -> str:
+    try:
+        return validate_channel(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--vllm-addresses", type=_addresses, required=True,
+                        help="comma-separated HOST:PORT of vLLM-compatible servers (round robin)")
+    parser.add_argument("--tokenizer-path", required=True, help="Hugging Face tokenizer directory (local)")
+    parser.add_argument("--prompt-length", type=_positive, default=4096,
+                        help="longest prompt in tokens; longer is 400 context_length_exceeded")
+    parser.add_argument("--response-length", type=_positive, default=1024,
+                        help="most tokens one call may generate (the default max_tokens)")
+    parser.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (HOST:PORT[,HOST:PORT])")
+    parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)")
+    parser.add_argument("--channel", dest="default_channel", type=_channel, default="train",
+                        help="channel of trajectories that name none (default: %(default)s)")
+    parser.add_argument("--reward-function", help="dotted path of f(trajectory: dict) -> float")
+    parser.add_argument("--reward-worker-name", help="named Ray actor with compute_reward(trajectory: dict)")
+    parser.add_argument("--ray-address", help="Ray cluster of the reward worker (default: auto)")
+    parser.add_argument("--ray-namespace", help="Ray namespace of the reward worker")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--public-url", help="base of the URLs handed to agents (default: http://HOST:PORT)")
+    parser.add_argument("--api-key", help="bearer token required by white-box and admin endpoints")
+    parser.add_argument("--state-dir", type=Path, default=trajbus_cache_dir() / "gateway",
+                        help="where per-trajectory state survives restarts (default: %(default)s)")
+    parser.add_argument("--max-body-bytes", type=_positive, default=8 * 2**20)
+    parser.add_argument("--health-interval", type=float, default=2.0, help="seconds between backend health checks")
+    parser.add_argument("--served-model-name", default="trajbus", help="model name in responses")
+
+
+def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
+    names = GatewaySettings.__dataclass_fields__
+    return GatewaySettings(**{name: getattr(args, name) for name in names if hasattr(args, name)})

@@ -1,0 +1,29 @@
+"""The gateway's Prometheus metrics (``trajbus_gateway_*``), served at ``/metrics``."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf"))
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("trajbus_gateway_requests", "HTTP requests by route and status",
+                                ["route", "status"], registry=r)
+        self.latency = Histogram("trajbus_gateway_request_seconds", "Request latency by route", ["route"],
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.steps = Counter("trajbus_gateway_steps_published", "Steps acknowledged by the broker",
+                             ["channel", "source"], registry=r)
+        self.tokens = Counter("trajbus_gateway_tokens", "Prompt and response tokens of published steps",
+                              ["kind"], registry=r)
+        self.trajectories = Counter("trajbus_gateway_trajectories", "Black-box trajectories by event",
+                                    ["event"], registry=r)
+        self.publish_latency = Histogram("trajbus_gateway_publish_seconds", "Produce-to-acknowledgement time",
+                                         buckets=LATENCY_BUCKETS, registry=r)
+        self.engine_latency = Histogram("trajbus_gateway_engine_seconds", "Time spent in the inference backend",
+                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.backend_up = Gauge("trajbus_gateway_backend_up", "1 while a backend passes health checks",
+                                ["backend"], registry=r)

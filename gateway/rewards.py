@@ -1,0 +1,71 @@
+"""Rewards for trajectories: a Python function by dotted path, or a named Ray actor.
+
+Black-box agents often finish without a score; ``complete_trajectory`` then asks
+this scorer, so no black-box group reaches the trainer without a reward. The
+function (sync or async) or the actor's ``compute_reward`` receives one dict:
+``trajectory_uid``, ``prompt_uid``, ``channel``, ``metadata`` (e.g. the ground
+truth given at ``init_trajectory``), ``messages`` (the last conversation, the
+final answer included) and ``response_text``; white-box ``/compute_reward``
+passes its JSON body as that dict. It returns a finite number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+from typing import Any, Callable
+
+from streams.settings import import_dotted
+
+log = logging.getLogger("trajbus.gateway")
+
+
+class RewardUnavailable(RuntimeError):
+    """No reward function or worker is configured, or it cannot be reached."""
+
+
+class RewardScorer:
+    def __init__(self, function: str | None = None, worker_name: str | None = None,
+                 ray_address: str | None = None, ray_namespace: str | None = None) -> None:
+        self._function: Callable[[dict[str, Any]], Any] | None = (
+            import_dotted(function, "reward_function") if function else None)
+        if self._function is not None and not callable(self._function):
+            raise ValueError(f"reward_function: {function!r} is not callable")
+        self.worker_name = worker_name
+        self.ray_address = ray_address
+        self.ray_namespace = ray_namespace
+        self._actor = None
+
+    @property
+    def configured(self) -> bool:
+        return self._function is not None or self.worker_name is not None
+
+    def _ray_actor(self):
+        if self._actor is None:
+            import ray
+
+            if not ray.is_initialized():
+                ray.init(address=self.ray_address or "auto", namespace=self.ray_namespace,
+                         ignore_reinit_error=True, log_to_driver=False)
+            self._actor = ray.get_actor(self.worker_name, namespace=self.ray_namespace)
+        return self._actor
+
+    async def score(self, trajectory: dict[str, Any]) -> float:
+        if self._function is not None:
+            if inspect.iscoroutinefunction(self._function):
+                value = await self._function(trajectory)
+            else:
+                value = await asyncio.to_thread(self._function, trajectory)
+        elif self.worker_name is not None:
+            try:
+                actor = await asyncio.to_thread(self._ray_actor)
+            except Exception as exc:
+                raise RewardUnavailable(f"reward worker {self.worker_name!r} unreachable: {exc}") from exc
+            value = await actor.compute_reward.remote(trajectory)
+        else:
+            raise RewardUnavailable("no reward given and no --reward-function or --reward-worker-name configured")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"reward: the reward function returned {value!r}, not a finite number")
+        return float(value)

@@ -1,0 +1,38 @@
+"""Running the gateway: ``python -m gateway`` and ``trajbus gateway`` end here."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from gateway.config import GatewaySettings, add_gateway_arguments, settings_from_args
+
+EXIT_USAGE = 2
+
+
+def serve(settings: GatewaySettings) -> int:
+    """Validate what can be validated before listening (exit 2), then serve until SIGTERM/SIGINT."""
+    import uvicorn
+
+    from gateway.app import create_app
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per backend call is noise
+    try:
+        app = create_app(settings)
+    except ValueError as exc:  # e.g. an unimportable --reward-function
+        print(f"trajbus gateway: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
+                timeout_graceful_shutdown=10)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway", description="The trajbus gateway.")
+    add_gateway_arguments(parser)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    return serve(settings_from_args(args))

@@ -1,0 +1,237 @@
+"""What the gateway's routes share: components, readiness, publishing, trajectories.
+
+The HTTP server starts answering before anything is ready; the tokenizer loads
+and the Kafka producer connects in background threads, and ``/ready`` reports
+what is still missing. Publishing runs the (blocking, acknowledged) producer
+in a worker thread, so a 200 still means the broker has the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+import threading
+import time
+import uuid
+from typing import Any
+
+from gateway.backends import BackendPool
+from gateway.config import GatewaySettings
+from gateway.errors import GatewayError, bad_request, conflict, from_value_error, not_found, unavailable
+from gateway.metrics import GatewayMetrics
+from gateway.rewards import RewardScorer, RewardUnavailable
+from gateway.tokenizer import ChatTokenizer
+from gateway.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
+from infra.bootstrap import resolve_bootstrap_servers
+from streams.policy import PolicyWatcher
+from streams.producer import DeliveryError, StepProducer
+from streams.records import Step, validate_metadata
+from streams.topics import validate_channel
+
+log = logging.getLogger("trajbus.gateway")
+
+
+class GatewayService:
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.metrics = GatewayMetrics()
+        self.tokenizer = ChatTokenizer(settings.tokenizer_path)
+        self.backends = BackendPool(settings.vllm_addresses, settings.backend_timeout, settings.health_interval)
+        self.store = TrajectoryStore(settings.state_dir)
+        self.store.reopen_interrupted()
+        self.rewards = RewardScorer(settings.reward_function, settings.reward_worker_name,
+                                    settings.ray_address, settings.ray_namespace)
+        self.producer: StepProducer | None = None
+        self.policy: PolicyWatcher | None = None
+        self.kafka_error: str | None = "connecting to Kafka"
+        self.started_at = time.time()
+        self._stop = threading.Event()
+
+    # -- lifecycle --------------------------------------------------------------
+    async def start(self) -> None:
+        self.tokenizer.load_in_background()
+        threading.Thread(target=self._connect_kafka, name="kafka-connect", daemon=True).start()
+        self.backends.start()
+        log.info("gateway listening url=%s backends=%s state=%s", self.settings.base_address,
+                 ",".join(self.settings.vllm_addresses), self.store.path)
+
+    def _connect_kafka(self) -> None:
+        """Resolve the broker, provision the default channel, follow the policy topic; retry until done."""
+        while not self._stop.is_set():
+            try:
+                servers = resolve_bootstrap_servers(self.settings.bootstrap_servers)
+                producer = StepProducer(servers, prefix=self.settings.prefix)
+                producer.provision(self.settings.default_channel)
+                self.policy = PolicyWatcher(servers, prefix=self.settings.prefix)
+                self.producer, self.kafka_error = producer, None
+                log.info("kafka producer ready bootstrap=%s prefix=%s", servers, self.settings.prefix)
+                return
+            except Exception as exc:  # reported by /ready; retried
+                self.kafka_error = f"Kafka not reachable: {exc}"
+                log.warning("kafka connect failed, retrying: %s", exc)
+                self._stop.wait(2.0)
+
+    async def close(self) -> None:
+        self._stop.set()
+        await self.backends.close()
+        if self.policy is not None:
+            self.policy.close()
+        if self.producer is not None:
+            await asyncio.to_thread(self.producer.close)
+        self.store.close()
+
+    def readiness(self) -> list[str]:
+        """What is not ready yet; empty when the gateway can serve every endpoint."""
+        missing = []
+        if not self.tokenizer.ready:
+            missing.append(self.tokenizer.error or "tokenizer is loading")
+        if self.producer is None:
+            missing.append(self.kafka_error or "Kafka producer not ready")
+        if not self.backends.ready:
+            missing.append("no inference backend passes its health check")
+        return missing
+
+    def require(self, *parts: str) -> None:
+        """503 unless the named parts (tokenizer, kafka, backend) are ready."""
+        if "tokenizer" in parts and not self.tokenizer.ready:
+            raise unavailable(self.tokenizer.error or "tokenizer is still loading")
+        if "kafka" in parts and self.producer is None:
+            raise unavailable(self.kafka_error or "Kafka producer not ready")
+        if "backend" in parts and not self.backends.ready:
+            raise unavailable("no inference backend passes its health check", code="no_backend")
+
+    # -- publishing -------------------------------------------------------------
+    async def publish(self, steps: list[Step | dict[str, Any]], channel: str, source: str,
+                      n_rollouts: int | None = None) -> int:
+        """Publish steps and wait for the broker's acknowledgement (in a worker thread)."""
+        self.require("kafka")
+        started = time.monotonic()
+        try:
+            count = await asyncio.to_thread(self.producer.submit_steps, steps, channel, n_rollouts)
+        except ValueError as exc:
+            raise from_value_error(exc) from None
+        except DeliveryError as exc:
+            raise unavailable(f"steps not acknowledged by the broker: {exc}", code="not_acknowledged") from None
+        self.metrics.publish_latency.observe(time.monotonic() - started)
+        self.metrics.steps.labels(channel, source).inc(count)
+        for step in steps:
+            if isinstance(step, Step):
+                self.metrics.tokens.labels("prompt").inc(len(step.prompt_ids))
+                self.metrics.tokens.labels("response").inc(len(step.response_ids))
+        return count
+
+    def policy_version(self, trajectory: Trajectory) -> int:
+        if trajectory.policy_version is not None:
+            return trajectory.policy_version
+        version = self.policy.current(trajectory.channel) if self.policy is not None else None
+        return version if version is not None else 0
+
+    # -- trajectories -----------------------------------------------------------
+    def init_trajectory(self, prompt_uid: str | None, channel: str | None, n_rollouts: int | None,
+                        metadata: dict[str, Any] | None) -> Trajectory:
+        trajectory = Trajectory(trajectory_uid=secrets.token_urlsafe(18),  # 144 random bits: unguessable
+                                prompt_uid=prompt_uid or uuid.uuid4().hex,
+                                channel=self._channel(channel), n_rollouts=n_rollouts,
+                                metadata=self._metadata(metadata))
+        self.store.create(trajectory)
+        self.metrics.trajectories.labels("initialized").inc()
+        log.info("trajectory initialized trajectory=%s prompt=%s channel=%s", trajectory.trajectory_uid,
+                 trajectory.prompt_uid, trajectory.channel)
+        return trajectory
+
+    def _channel(self, channel: str | None) -> str:
+        try:
+            return validate_channel(channel or self.settings.default_channel)
+        except ValueError as exc:
+            raise bad_request(str(exc), param="channel") from None
+
+    @staticmethod
+    def _metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
+        try:
+            validate_metadata(metadata or {})
+        except ValueError as exc:
+            raise from_value_error(exc) from None
+        return metadata or {}
+
+    def trajectory(self, trajectory_uid: str, prompt_uid: str, open_only: bool = True) -> Trajectory:
+        """The trajectory of a base_url: 404 if unknown, 409 if completed (when ``open_only``)."""
+        trajectory = self.store.get(trajectory_uid)
+        if trajectory is None or trajectory.prompt_uid != prompt_uid:
+            raise not_found(f"unknown trajectory {trajectory_uid!r}: call POST /init_trajectory for a base_url")
+        if open_only and trajectory.status != OPEN:
+            raise conflict(f"trajectory {trajectory_uid} is {trajectory.status}")
+        return trajectory
+
+    def register(self, trajectory: Trajectory, channel: str | None, n_rollouts: int | None,
+                 metadata: dict[str, Any] | None, policy_version: int | None) -> Trajectory:
+        changes: dict[str, Any] = {}
+        if channel is not None and channel != trajectory.channel:
+            if trajectory.next_step:
+                raise conflict("channel cannot change after the trajectory's first call")
+            changes["channel"] = self._channel(channel)
+        if n_rollouts is not None:
+            changes["n_rollouts"] = n_rollouts
+        if metadata:
+            changes["metadata"] = self._metadata({**trajectory.metadata, **metadata})
+        if policy_version is not None:
+            changes["policy_version"] = policy_version
+        if changes:
+            self.store.update(trajectory.trajectory_uid, **changes)
+        return dataclasses.replace(trajectory, **changes)
+
+    async def complete(self, trajectory: Trajectory, reward: float | None,
+                       metadata: dict[str, Any] | None) -> float:
+        """Score (when no reward is given) and publish the trajectory's end; 409 the second time."""
+        if trajectory.published_steps == 0:
+            raise bad_request(f"trajectory {trajectory.trajectory_uid} has no steps to complete",
+                              code="empty_trajectory")
+        if reward is None:
+            reward = await self.score(self.reward_input(trajectory))
+        self.require("kafka")
+        if not self.store.transition(trajectory.trajectory_uid, OPEN, COMPLETING):
+            raise conflict(f"trajectory {trajectory.trajectory_uid} is already completed")
+        try:
+            await asyncio.to_thread(self.producer.complete_trajectory, trajectory.trajectory_uid,
+                                    trajectory.prompt_uid, reward, trajectory.channel, trajectory.n_rollouts,
+                                    self._metadata(metadata))
+        except BaseException as exc:
+            self.store.transition(trajectory.trajectory_uid, COMPLETING, OPEN)  # the agent may retry
+            if isinstance(exc, DeliveryError):
+                raise unavailable(f"trajectory end not acknowledged: {exc}", code="not_acknowledged") from None
+            raise
+        self.store.transition(trajectory.trajectory_uid, COMPLETING, COMPLETED)
+        self.metrics.trajectories.labels("completed").inc()
+        log.info("trajectory completed trajectory=%s prompt=%s steps=%d reward=%s", trajectory.trajectory_uid,
+                 trajectory.prompt_uid, trajectory.published_steps, reward)
+        return reward
+
+    @staticmethod
+    def reward_input(trajectory: Trajectory) -> dict[str, Any]:
+        conversation = trajectory.last_conversation or []
+        last = conversation[-1] if conversation and conversation[-1].get("role") == "assistant" else {}
+        return {"trajectory_uid": trajectory.trajectory_uid, "prompt_uid": trajectory.prompt_uid,
+                "channel": trajectory.channel, "metadata": trajectory.metadata, "messages": conversation,
+                "response_text": last.get("content") or ""}
+
+    async def score(self, payload: dict[str, Any]) -> float:
+        try:
+            return await self.rewards.score(payload)
+        except RewardUnavailable as exc:
+            raise GatewayError(400 if not self.rewards.configured else 503, str(exc), code="no_reward") from None
+        except ValueError as exc:
+            raise GatewayError(500, str(exc), type_="server_error", code="bad_reward") from None
+
+    def statistics(self) -> dict[str, Any]:
+        def total(counter) -> dict[str, float]:
+            return {"/".join(s.labels.values()) or "all": s.value for metric in counter.collect()
+                    for s in metric.samples if s.name.endswith("_total")}
+
+        return {"uptime_seconds": round(time.time() - self.started_at, 1),
+                "ready": not self.readiness(), "not_ready": self.readiness(),
+                "trajectories": self.store.counts(),
+                "steps_published": total(self.metrics.steps),
+                "tokens": total(self.metrics.tokens),
+                "requests": total(self.metrics.requests),
+                "backends": self.backends.describe()}

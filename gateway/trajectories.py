@@ -1,0 +1,153 @@
+"""Per-trajectory state that outlives the gateway process.
+
+A black-box agent holds only a URL; everything else (channel, group size,
+metadata, the step counter, the backend with its prefix cache, the last
+conversation for the reward function) lives here, in SQLite under
+``--state-dir``. Every change is committed before the gateway answers, and a
+committed transaction survives SIGKILL of the process, so a restarted gateway
+continues the same trajectories with the right step indices.
+
+Step indices are reserved before the engine is called and given back only if
+the call fails before anything was published: a crash can leave a gap in a
+trajectory's indices, never a duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OPEN, COMPLETING, COMPLETED = "open", "completing", "completed"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS trajectories (
+    trajectory_uid TEXT PRIMARY KEY,
+    prompt_uid TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    n_rollouts INTEGER,
+    metadata TEXT NOT NULL,
+    policy_version INTEGER,
+    backend TEXT,
+    next_step INTEGER NOT NULL DEFAULT 0,
+    published_steps INTEGER NOT NULL DEFAULT 0,
+    status TEXT NOT NULL,
+    last_conversation TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+)
+"""
+
+
+@dataclass
+class Trajectory:
+    trajectory_uid: str
+    prompt_uid: str
+    channel: str
+    n_rollouts: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    policy_version: int | None = None
+    """Set by ``register_trajectory``; else steps take the policy topic's version."""
+    backend: str | None = None
+    next_step: int = 0
+    published_steps: int = 0
+    status: str = OPEN
+    last_conversation: list[dict[str, Any]] | None = None
+    created_at: float = field(default_factory=time.time)
+
+
+class TrajectoryStore:
+    """SQLite (WAL) table of trajectories; safe to call from any thread."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / "trajectories.sqlite3"
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes
+        self._db.execute(_SCHEMA)
+        self._lock = threading.Lock()
+
+    def _row(self, row: tuple) -> Trajectory:
+        (uid, prompt_uid, channel, n_rollouts, metadata, version, backend, next_step, published, status,
+         conversation, created_at, _updated) = row
+        return Trajectory(uid, prompt_uid, channel, n_rollouts, json.loads(metadata), version, backend, next_step,
+                          published, status, json.loads(conversation) if conversation else None, created_at)
+
+    def create(self, trajectory: Trajectory) -> None:
+        now = time.time()
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO trajectories VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (trajectory.trajectory_uid, trajectory.prompt_uid, trajectory.channel, trajectory.n_rollouts,
+                 json.dumps(trajectory.metadata), trajectory.policy_version, trajectory.backend,
+                 trajectory.next_step, trajectory.published_steps, trajectory.status, None, now, now))
+
+    def get(self, trajectory_uid: str) -> Trajectory | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM trajectories WHERE trajectory_uid = ?",
+                                   (trajectory_uid,)).fetchone()
+        return None if row is None else self._row(row)
+
+    def update(self, trajectory_uid: str, **values: Any) -> None:
+        """Set columns; ``metadata`` and ``last_conversation`` are stored as JSON."""
+        for key in ("metadata", "last_conversation"):
+            if key in values:
+                values[key] = json.dumps(values[key])
+        columns = ", ".join(f"{name} = ?" for name in values)
+        with self._lock:
+            self._db.execute(f"UPDATE trajectories SET {columns}, updated_at = ? WHERE trajectory_uid = ?",
+                             (*values.values(), time.time(), trajectory_uid))
+
+    def reserve_steps(self, trajectory_uid: str, count: int) -> int:
+        """Take the next ``count`` step indices of an open trajectory; returns the first."""
+        with self._lock:
+            row = self._db.execute(
+                "UPDATE trajectories SET next_step = next_step + ?, updated_at = ? "
+                "WHERE trajectory_uid = ? AND status = ? RETURNING next_step",
+                (count, time.time(), trajectory_uid, OPEN)).fetchone()
+        if row is None:
+            raise LookupError(f"trajectory {trajectory_uid} is not open")
+        return row[0] - count
+
+    def release_steps(self, trajectory_uid: str, first: int, count: int) -> None:
+        """Give reserved indices back, if no later call reserved after them."""
+        with self._lock:
+            self._db.execute("UPDATE trajectories SET next_step = ? WHERE trajectory_uid = ? AND next_step = ?",
+                             (first, trajectory_uid, first + count))
+
+    def record_published(self, trajectory_uid: str, count: int, conversation: list[dict[str, Any]],
+                         backend: str) -> None:
+        """After the broker acknowledged a call's steps: count them, keep the conversation and backend."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE trajectories SET published_steps = published_steps + ?, last_conversation = ?, "
+                "backend = ?, updated_at = ? WHERE trajectory_uid = ?",
+                (count, json.dumps(conversation), backend, time.time(), trajectory_uid))
+
+    def transition(self, trajectory_uid: str, from_status: str, to_status: str) -> bool:
+        """Atomic status change; False if the trajectory was not in ``from_status``."""
+        with self._lock:
+            cursor = self._db.execute(
+                "UPDATE trajectories SET status = ?, updated_at = ? WHERE trajectory_uid = ? AND status = ?",
+                (to_status, time.time(), trajectory_uid, from_status))
+        return cursor.rowcount == 1
+
+    def reopen_interrupted(self) -> int:
+        """Completions cut off by a crash are open again: the agent's retry then completes them."""
+        with self._lock:
+            return self._db.execute("UPDATE trajectories SET status = ? WHERE status = ?",
+                                    (OPEN, COMPLETING)).rowcount
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT status, COUNT(*) FROM trajectories GROUP BY status").fetchall()
+        return {status: count for status, count in rows}
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,353 @@
+"""A local OpenAI/vLLM-compatible inference server around a real (tiny) causal LM.
+
+Tests, benchmarks and the demo put it behind the gateway where production puts
+vLLM. It speaks the subset of vLLM's API the gateway uses, with vLLM's
+semantics: ``POST /v1/completions`` with a token-id prompt, ``n``,
+``temperature`` (0 = greedy), ``top_p``, ``max_tokens``, ``stop``, ``seed``,
+``ignore_eos``, ``logprobs`` (the sampled token's raw log-probability, as vLLM's
+default ``raw_logprobs``), ``return_token_ids`` and
+``return_tokens_as_token_ids``, and ``stream`` as server-sent events. The EOS
+id is part of the returned ``token_ids`` (as in vLLM); text omits special
+tokens and stop strings. ``POST /v1/chat/completions`` serves plain chat (the
+baseline for gateway benchmarks). Requests run one at a time on a generation
+thread; seeded requests are reproducible.
+
+Run: ``python -m infra.inference_server --port 8000`` (builds the tiny model on
+first use) or ``--model-dir`` for any Hugging Face causal LM directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+log = logging.getLogger("trajbus.inference_server")
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+
+
+class RequestError(ValueError):
+    """A request field the server cannot honour (answered with 400)."""
+
+
+class Engine:
+    """Token-by-token sampling with a KV cache; one request at a time (a single generation thread)."""
+
+    def __init__(self, model_dir: Path, device: str | None = None) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir).to(self.device).eval()
+        self.eos_ids = {self.tokenizer.eos_token_id}
+        self.max_length = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def sample(self, prompt_ids: list[int], params: SamplingParams, generator,
+               on_token: Callable[[int, float, str], None] | None = None) -> Sample:
+        """One completion; ``on_token(id, logprob, text_so_far)`` after every sampled token."""
+        import torch
+
+        if len(prompt_ids) + params.max_tokens > self.max_length:
+            raise RequestError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                               f"the model's {self.max_length} positions")
+        ids: list[int] = []
+        logprobs: list[float] = []
+        text, finish = "", "length"
+        inputs = torch.tensor([prompt_ids], device=self.device)
+        past = None
+        with torch.no_grad():
+            for _ in range(params.max_tokens):
+                out = self.model(input_ids=inputs, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                logits = out.logits[0, -1].float()
+                raw = torch.log_softmax(logits, dim=-1)
+                if params.ignore_eos:
+                    logits[list(self.eos_ids)] = float("-inf")
+                token = self._choose(logits, params, generator)
+                ids.append(token)
+                logprobs.append(float(raw[token]))
+                text = self._text(ids)
+                hit = next((s for s in params.stop if s in text), None)
+                if hit is not None:
+                    text, finish = text[:text.index(hit)], "stop"
+                if on_token is not None:
+                    on_token(token, logprobs[-1], text)
+                if hit is not None or token in self.eos_ids:
+                    finish = "stop"
+                    break
+                inputs = torch.tensor([[token]], device=self.device)
+        return Sample(ids, logprobs, text, finish)
+
+    @staticmethod
+    def _choose(logits, params: SamplingParams, generator) -> int:
+        import torch
+
+        if params.temperature == 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits / params.temperature, dim=-1)
+        if params.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            keep = sorted_probs.cumsum(0) - sorted_probs < params.top_p  # always keeps the most likely token
+            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
+        return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+
+    def generator(self, seed: int | None):
+        import torch
+
+        g = torch.Generator()
+        g.manual_seed(seed if seed is not None else int.from_bytes(uuid.uuid4().bytes[:6], "big"))
+        return g
+
+
+# -- request parsing --------------------------------------------------------------
+
+def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise RequestError(f"{name}: must be a number in [{low}, {high}], got {value!r}")
+    return float(value)
+
+
+def _integer(body: dict, name: str, default: int | None, low: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if type(value) is not int or value < low:
+        raise RequestError(f"{name}: must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def sampling_params(body: dict) -> tuple[SamplingParams, int]:
+    stop = body.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError("stop: must be a non-empty string or a list of them")
+    max_tokens = _integer(body, "max_tokens", None, 1)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_completion_tokens", 16, 1)
+    params = SamplingParams(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+                            top_p=_number(body, "top_p", 1.0, 1e-6, 1.0), seed=_integer(body, "seed", None, 0),
+                            stop=stop, ignore_eos=bool(body.get("ignore_eos", False)))
+    return params, _integer(body, "n", 1, 1)
+
+
+# -- the HTTP app -------------------------------------------------------------------
+
+def create_app(engine: Engine, model_name: str):
+    app = FastAPI(title="trajbus local inference server")
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "type": "BadRequestError", "code": status}}, status)
+
+    @app.exception_handler(RequestError)
+    async def bad_request(_request: Request, exc: RequestError) -> JSONResponse:
+        return error(400, str(exc))
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "trajbus",
+                                            "max_model_len": engine.max_length}]}
+
+    async def run_samples(prompt_ids: list[int], params: SamplingParams, n: int,
+                          on_token: Callable[[int, int, float, str], None] | None = None) -> list[Sample]:
+        loop = asyncio.get_running_loop()
+
+        def work() -> list[Sample]:
+            generator = engine.generator(params.seed)
+            return [engine.sample(prompt_ids, params, generator,
+                                  None if on_token is None else (lambda t, lp, text, i=i: on_token(i, t, lp, text)))
+                    for i in range(n)]
+
+        return await loop.run_in_executor(engine.executor, work)
+
+    def prompt_of(body: dict) -> list[int]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return engine.tokenizer.encode(prompt, add_special_tokens=False)
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+            prompt = prompt[0]
+        if isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < len(engine.tokenizer)
+                                                       for t in prompt):
+            return prompt
+        raise RequestError("prompt: must be a string or a non-empty list of valid token ids")
+
+    def choice_extras(body: dict, sample: Sample) -> dict:
+        extras: dict[str, Any] = {}
+        if body.get("return_token_ids"):
+            extras["token_ids"] = sample.token_ids
+        if body.get("logprobs") is not None:
+            as_ids = body.get("return_tokens_as_token_ids")
+            extras["logprobs"] = {
+                "tokens": [f"token_id:{t}" if as_ids else engine.tokenizer.convert_ids_to_tokens(t)
+                           for t in sample.token_ids],
+                "token_logprobs": sample.logprobs, "top_logprobs": None, "text_offset": None}
+        return extras
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await _json_body(request)
+        prompt_ids = prompt_of(body)
+        params, n = sampling_params(body)
+        created, rid = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
+        if body.get("stream"):
+            return StreamingResponse(_stream_completion(body, prompt_ids, params, n, rid, created),
+                                     media_type="text/event-stream")
+        samples = await run_samples(prompt_ids, params, n)
+        choices = [{"index": i, "text": s.text, "finish_reason": s.finish_reason, "stop_reason": None,
+                    "logprobs": None, **choice_extras(body, s),
+                    **({"prompt_token_ids": prompt_ids} if body.get("return_token_ids") else {})}
+                   for i, s in enumerate(samples)]
+        return {"id": rid, "object": "text_completion", "created": created, "model": model_name,
+                "choices": choices, "usage": _usage(prompt_ids, samples)}
+
+    async def _stream_completion(body: dict, prompt_ids: list[int], params: SamplingParams, n: int,
+                                 rid: str, created: int) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        sent = [""] * n
+        hold = max((len(s) for s in params.stop), default=1) - 1
+
+        def on_token(index: int, token: int, logprob: float, text: str) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (index, token, logprob, text))
+
+        task = asyncio.ensure_future(run_samples(prompt_ids, params, n, on_token))
+        task.add_done_callback(lambda _t: loop.call_soon_threadsafe(queue.put_nowait, None))
+        pending: dict[int, list[tuple[int, float]]] = {i: [] for i in range(n)}
+        while True:
+            item = await queue.get()
+            if item is None:
+                break
+            index, token, logprob, text = item
+            pending[index].append((token, logprob))
+            visible = text[:len(text) - hold] if hold else text
+            if visible.endswith("\ufffd"):  # half a multi-byte character: wait for the rest
+                continue
+            delta = visible[len(sent[index]):] if visible.startswith(sent[index]) else ""
+            sent[index] += delta
+            yield _sse(_chunk(body, rid, created, model_name, index, delta, pending[index], None))
+            pending[index] = []
+        samples = task.result() if not task.exception() else None
+        if samples is None:
+            yield _sse({"error": {"message": str(task.exception()), "type": "InternalServerError", "code": 500}})
+        else:
+            for index, sample in enumerate(samples):
+                delta = sample.text[len(sent[index]):] if sample.text.startswith(sent[index]) else ""
+                yield _sse(_chunk(body, rid, created, model_name, index, delta, pending[index],
+                                  sample.finish_reason))
+        yield "data: [DONE]\n\n"
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await _json_body(request)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError("messages: must be a non-empty list")
+        text = engine.tokenizer.apply_chat_template(messages, tools=body.get("tools"), tokenize=False,
+                                                    add_generation_prompt=True)
+        prompt_ids = engine.tokenizer.encode(text, add_special_tokens=False)
+        params, n = sampling_params(body)
+        samples = await run_samples(prompt_ids, params, n)
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": model_name,
+                "choices": [{"index": i, "message": {"role": "assistant", "content": s.text},
+                             "finish_reason": s.finish_reason, "logprobs": None} for i, s in enumerate(samples)],
+                "usage": _usage(prompt_ids, samples)}
+
+    return app
+
+
+async def _json_body(request: Request) -> dict:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise RequestError("body: not valid JSON") from None
+    if not isinstance(body, dict):
+        raise RequestError("body: must be a JSON object")
+    return body
+
+
+def _usage(prompt_ids: list[int], samples: list[Sample]) -> dict:
+    completion = sum(len(s.token_ids) for s in samples)
+    return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
+            "total_tokens": len(prompt_ids) + completion}
+
+
+def _chunk(body: dict, rid: str, created: int, model: str, index: int, delta: str,
+           tokens: list[tuple[int, float]], finish_reason: str | None) -> dict:
+    choice: dict[str, Any] = {"index": index, "text": delta, "finish_reason": finish_reason, "logprobs": None}
+    if body.get("return_token_ids"):
+        choice["token_ids"] = [t for t, _ in tokens]
+    if body.get("logprobs") is not None:
+        choice["logprobs"] = {"tokens": [f"token_id:{t}" for t, _ in tokens],
+                              "token_logprobs": [lp for _, lp in tokens], "top_logprobs": None, "text_offset": None}
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(prog="python -m infra.inference_server", description=__doc__.split("\n")[0])
+    parser.add_argument("--model-dir", help="a Hugging Face causal LM directory (default: the tiny chat model)")
+    parser.add_argument("--served-model-name", default="trajbus-tiny-chat")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from infra import tiny_model
+
+    model_dir = Path(args.model_dir) if args.model_dir else tiny_model.build()
+    engine = Engine(model_dir, args.device)
+    log.info("serving %s from %s on %s (http://%s:%d)", args.served_model_name, model_dir, engine.device,
+             args.host, args.port)
+    uvicorn.run(create_app(engine, args.served_model_name), host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=10)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
