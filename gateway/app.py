@@ -91,7 +91,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         route = getattr(request.scope.get("route"), "path", "unmatched")
         service.metrics.requests.labels(route, str(response.status_code)).inc()
         service.metrics.latency.labels(route).observe(time.monotonic() - started)
-        if response.status_code >= 400:
+        if response.status_code >= 400 and route != "/ready":  # 503 while starting is expected
             log.info("request method=%s route=%s status=%d ms=%.1f", request.method, route,
                      response.status_code, 1000 * (time.monotonic() - started))
         return response

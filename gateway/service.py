@@ -231,6 +231,7 @@ class GatewayService:
         return {"uptime_seconds": round(time.time() - self.started_at, 1),
                 "ready": not self.readiness(), "not_ready": self.readiness(),
                 "trajectories": self.store.counts(),
+                "policy_versions": self.policy.versions() if self.policy is not None else {},
                 "steps_published": total(self.metrics.steps),
                 "tokens": total(self.metrics.tokens),
                 "requests": total(self.metrics.requests),

@@ -1,12 +1,16 @@
-"""Child processes of trajbus's own commands (worker, later gateway), started and stopped cleanly."""
+"""Child processes of trajbus's own commands (worker, gateway, inference server), started and stopped cleanly."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import httpx
 
 
 class ServiceProcess:
@@ -68,5 +72,51 @@ def worker_process(bootstrap_servers: str, prefix: str, log_file: Path | str, ch
     return ServiceProcess(
         ["worker", "--bootstrap-servers", bootstrap_servers, "--prefix", prefix, "--channels", channels,
          "--n-rollouts", str(n_rollouts), *(extra or [])],
+        log_file,
+    )
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the OS's choice)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float, process: ServiceProcess | None = None, status: int = 200) -> None:
+    """Poll ``url`` until it answers ``status``; fail early if ``process`` died, with its log."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if process is not None and not process.alive():
+            raise RuntimeError(f"{process.args[0]} exited with {process.process.returncode}:\n{process.log_tail()}")
+        try:
+            response = httpx.get(url, timeout=2.0)
+            if response.status_code == status:
+                return
+            last = f"{response.status_code} {response.text[:200]}"
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        time.sleep(0.2)
+    tail = process.log_tail() if process is not None else ""
+    raise TimeoutError(f"{url} did not answer {status} within {timeout}s (last: {last})\n{tail}")
+
+
+def inference_server_process(port: int, log_file: Path | str, model_dir: Path | str | None = None) -> ServiceProcess:
+    """A ``trajbus inference-server`` child (not yet started); ready when ``/health`` answers."""
+    args = ["inference-server", "--port", str(port)]
+    if model_dir is not None:
+        args += ["--model-dir", str(model_dir)]
+    return ServiceProcess(args, log_file)
+
+
+def gateway_process(bootstrap_servers: str, prefix: str, backends: list[str], tokenizer_path: Path | str,
+                    port: int, state_dir: Path | str, log_file: Path | str,
+                    extra: list[str] | None = None) -> ServiceProcess:
+    """A ``trajbus gateway`` child (not yet started); ready when ``/ready`` answers 200."""
+    return ServiceProcess(
+        ["gateway", "--bootstrap-servers", bootstrap_servers, "--prefix", prefix,
+         "--vllm-addresses", ",".join(backends), "--tokenizer-path", str(tokenizer_path), "--port", str(port),
+         "--state-dir", str(state_dir), *(extra or [])],
         log_file,
     )

@@ -50,10 +50,14 @@ class PolicyVersionPublisher:
                                    "logger": log})
 
     def publish(self, version: int) -> None:
+        errors: list = []
         self._producer.produce(self.topic, key=self.channel.encode(), value=encode_policy_version(version),
-                               headers=[("content-type", CONTENT_TYPE.encode())])
+                               headers=[("content-type", CONTENT_TYPE.encode())],
+                               on_delivery=lambda error, _message: errors.append(error) if error else None)
         if self._producer.flush(self.timeout):
             raise RuntimeError(f"policy version {version} not acknowledged within {self.timeout}s")
+        if errors:  # e.g. the policy topic does not exist: provision the channel first
+            raise RuntimeError(f"policy version {version} not published to {self.topic}: {errors[0].str()}")
 
 
 class PolicyWatcher:
@@ -83,6 +87,10 @@ class PolicyWatcher:
         """The newest version for ``channel`` (else ``global``), or None if none was published."""
         version = self._versions.get(channel)
         return self._versions.get(GLOBAL) if version is None else version
+
+    def versions(self) -> dict[str, int]:
+        """Every key's newest version seen so far."""
+        return dict(self._versions)
 
     def close(self) -> None:
         self._stop.set()

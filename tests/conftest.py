@@ -11,7 +11,8 @@ import pytest
 
 from infra.bootstrap import ENV_VAR
 from infra.kafka_broker import EmbeddedKafka
-from pipelines.processes import ServiceProcess, worker_process
+from pipelines.processes import (ServiceProcess, free_port, gateway_process, inference_server_process, wait_http,
+                                 worker_process)
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +48,60 @@ def start_worker(bootstrap_servers: str, prefix: str, tmp_path: Path) -> Iterato
     yield start
     for worker in workers:
         worker.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The tiny chat model and tokenizer, built from the project's files (cached between runs)."""
+    from infra import tiny_model
+
+    return tiny_model.build()
+
+
+@pytest.fixture(scope="session")
+def start_inference_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                           ) -> Iterator[Callable[[], tuple[str, ServiceProcess]]]:
+    """Starts local inference servers (``HOST:PORT``, process); all stopped at the end of the session."""
+    servers: list[ServiceProcess] = []
+    logs = tmp_path_factory.mktemp("inference")
+
+    def start() -> tuple[str, ServiceProcess]:
+        port = free_port()
+        server = inference_server_process(port, logs / f"server{len(servers)}.log", tiny_model_dir).start()
+        servers.append(server)
+        wait_http(f"http://127.0.0.1:{port}/health", 120, server)
+        return f"127.0.0.1:{port}", server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def inference_server(start_inference_server: Callable[[], tuple[str, ServiceProcess]]) -> str:
+    """One inference server shared by the session's gateway tests."""
+    return start_inference_server()[0]
+
+
+@pytest.fixture
+def start_gateway(bootstrap_servers: str, prefix: str, tiny_model_dir: Path, tmp_path: Path
+                  ) -> Iterator[Callable[..., tuple[str, ServiceProcess]]]:
+    """Starts gateways (base URL, process) on this test's prefix; ``wait=False`` skips waiting for /ready."""
+    gateways: list[ServiceProcess] = []
+
+    def start(backends: list[str], extra: list[str] | None = None, port: int | None = None,
+              state_dir: Path | None = None, wait: bool = True) -> tuple[str, ServiceProcess]:
+        port = port or free_port()
+        gateway = gateway_process(bootstrap_servers, prefix, backends, tiny_model_dir, port,
+                                  state_dir or tmp_path / "gateway-state", tmp_path / f"gateway{len(gateways)}.log",
+                                  ["--prompt-length", "512", "--response-length", "64", "--health-interval", "0.5",
+                                   *(extra or [])]).start()
+        gateways.append(gateway)
+        url = f"http://127.0.0.1:{port}"
+        if wait:
+            wait_http(f"{url}/ready", 120, gateway)
+        return url, gateway
+
+    yield start
+    for gateway in gateways:
+        gateway.stop()
