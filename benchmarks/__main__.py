@@ -1,8 +1,9 @@
 """`make bench`: run every benchmark in turn."""
 
-from benchmarks import assembly_bench, codec_bench, convert_bench
+from benchmarks import assembly_bench, codec_bench, convert_bench, gateway_bench
 
 if __name__ == "__main__":
     codec_bench.main()
     assembly_bench.main()
     convert_bench.main()
+    gateway_bench.main()
