@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -135,6 +136,32 @@ def test_reward_function_scores_black_box_trajectories_and_white_box_calls(
 
     scored = httpx.post(f"{gateway}/compute_reward", json={"response_text": "5", "metadata": {"answer": "5"}})
     assert scored.status_code == 200 and scored.json() == {"reward": 1.0}
+
+
+def test_reward_worker_is_a_named_ray_actor(bootstrap_servers, prefix, inference_server, start_gateway):
+    import ray
+
+    from tests.gateway_rewards import RewardActor
+
+    namespace = f"trajbus-{prefix}"
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, namespace=namespace,
+             runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})
+    try:
+        actor = ray.remote(num_cpus=0)(RewardActor).options(name="scorer").remote()
+        gateway, _ = start_gateway([inference_server], [
+            "--reward-worker-name", "scorer", "--ray-namespace", namespace,
+            "--ray-address", ray.get_runtime_context().gcs_address])
+        scored = httpx.post(f"{gateway}/compute_reward", json={"response_text": "7", "metadata": {"answer": "7"}},
+                            timeout=120)
+        assert scored.status_code == 200 and scored.json() == {"reward": 1.0}, scored.text
+        t = init(gateway, metadata={"answer": "no such answer"})
+        client(t["base_url"]).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                                      max_tokens=8)
+        done = httpx.post(f"{t['base_url']}/complete_trajectory", timeout=120)
+        assert done.status_code == 200 and done.json()["reward"] == 0.0
+        assert ray.get(actor.count.remote()) == 2
+    finally:
+        ray.shutdown()
 
 
 def test_white_box_generate_and_submit_steps(bootstrap_servers, prefix, inference_server, start_gateway):
