@@ -73,8 +73,8 @@ async def measure(server: str, gateway: str) -> list[dict]:
             row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
             row["throughput_ratio"] = row["gateway_rps"] / row["direct_rps"]
             rows.append(row)
-            print(f"  {agents} agents done: direct {row['direct_rps']:.0f} req/s, gateway {row['gateway_rps']:.0f} req/s",
-                  flush=True)
+            print(f"  {agents} agents done: direct {row['direct_rps']:.0f} req/s, "
+                  f"gateway {row['gateway_rps']:.0f} req/s", flush=True)
     return rows
 
 

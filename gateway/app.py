@@ -129,8 +129,6 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         return service.statistics()
 
     # -- white-box ----------------------------------------------------------------
-    sticky: dict[str, str] = {}
-
     @app.post("/generate", dependencies=admin)
     async def generate(body: GenerateRequest) -> dict[str, Any]:
         service.require("backend")
@@ -138,14 +136,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         try:
             backend, completions = await service.backends.complete(
                 body.prompt_ids, body.engine_params(settings.response_length),
-                preferred=sticky.get(body.trajectory_uid or ""))
+                preferred=service.backends.remembered(body.trajectory_uid))
         except (NoBackendAvailable, BackendError) as exc:
             raise backend_failure(exc) from None
-        if body.trajectory_uid:
-            sticky.pop(body.trajectory_uid, None)
-            sticky[body.trajectory_uid] = backend
-            if len(sticky) > 100_000:
-                sticky.pop(next(iter(sticky)))
+        service.backends.remember(body.trajectory_uid, backend)
         choices = [{"index": c.index, "response_ids": c.token_ids, "log_probs": c.logprobs,
                     "finish_reason": c.finish_reason, "text": c.text} for c in completions]
         first = choices[0]

@@ -57,17 +57,8 @@ class Backend:
 
 @dataclass
 class Completion:
-    """One choice as the engine produced it."""
+    """One choice as the engine produced it, or (streaming) the next piece of one."""
 
-    index: int
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str
-
-
-@dataclass
-class StreamDelta:
     index: int
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -108,6 +99,7 @@ class BackendPool:
         self._next = 0
         self.health_interval = health_interval
         self.model: str | None = None
+        self._sticky: dict[str, str] = {}  # trajectory uid -> backend, for white-box callers (bounded)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=5.0),
                                         limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256))
         self._health_task: asyncio.Task | None = None
@@ -167,6 +159,17 @@ class BackendPool:
                                  + "; ".join(f"{b.address}: {b.last_error or 'unhealthy'}"
                                              for b in self.backends.values()))
 
+    def remembered(self, trajectory_uid: str | None) -> str | None:
+        """The backend a white-box trajectory last used (its own state lives with the agent)."""
+        return self._sticky.get(trajectory_uid) if trajectory_uid else None
+
+    def remember(self, trajectory_uid: str | None, backend: str, limit: int = 100_000) -> None:
+        if trajectory_uid:
+            self._sticky.pop(trajectory_uid, None)
+            self._sticky[trajectory_uid] = backend
+            if len(self._sticky) > limit:
+                self._sticky.pop(next(iter(self._sticky)))
+
     def _refused(self, backend: Backend, exc: Exception) -> None:
         backend.healthy, backend.failures = False, backend.failures + 1
         backend.last_error = f"{type(exc).__name__}: {exc}"
@@ -216,11 +219,11 @@ class BackendPool:
         return backend.address, sorted(choices, key=lambda c: c.index)
 
     async def stream(self, prompt_ids: list[int], sampling: dict[str, Any],
-                     preferred: str | None = None) -> tuple[str, AsyncIterator[StreamDelta]]:
+                     preferred: str | None = None) -> tuple[str, AsyncIterator[Completion]]:
         """A streaming call: connects (with the never-reached retry) before returning the iterator."""
         backend, response = await self._send(request_body(prompt_ids, sampling, self.model, True), preferred)
 
-        async def deltas() -> AsyncIterator[StreamDelta]:
+        async def deltas() -> AsyncIterator[Completion]:
             try:
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
@@ -233,8 +236,8 @@ class BackendPool:
                         raise BackendError(f"backend {backend.address} failed mid-stream: {chunk['error']}")
                     for choice in chunk.get("choices", []):
                         ids = _ids_of(choice) if (choice.get("token_ids") or choice.get("logprobs")) else []
-                        yield StreamDelta(choice["index"], ids, _logprobs_of(choice) if ids else [],
-                                          choice.get("text") or "", choice.get("finish_reason"))
+                        yield Completion(choice["index"], ids, _logprobs_of(choice) if ids else [],
+                                         choice.get("text") or "", choice.get("finish_reason"))
             except httpx.HTTPError as exc:
                 backend.failures += 1
                 raise BackendError(f"backend {backend.address} broke off mid-stream: {exc}") from exc

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -52,18 +52,17 @@ def check_logprobs(completion: Completion) -> None:
 
 
 @dataclass
-class _Choice:
-    """One streamed choice as it accumulates."""
+class _StreamedChoice(Completion):
+    """A choice assembled from streamed pieces; ``sent`` characters of its text went to the client."""
 
-    index: int
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    text: str = ""
+    finish_reason: str | None = "stop"
     sent: int = 0
-    finish_reason: str = "stop"
 
-    def completion(self) -> Completion:
-        return Completion(self.index, self.token_ids, self.logprobs, self.text, self.finish_reason)
+    def extend(self, piece: Completion) -> None:
+        self.token_ids += piece.token_ids
+        self.logprobs += piece.logprobs
+        self.text += piece.text
+        self.finish_reason = piece.finish_reason or self.finish_reason
 
 
 class ChatCompletions:
@@ -173,22 +172,18 @@ class _Call:
         return StreamingResponse(self._events(backend, deltas), media_type="text/event-stream")
 
     async def _events(self, backend: str, deltas: AsyncIterator) -> AsyncIterator[str]:
-        choices = {i: _Choice(i) for i in range(self.request.n)}
+        choices = {i: _StreamedChoice(i) for i in range(self.request.n)}
         try:
             for index in choices:
                 yield self._chunk(index, {"role": "assistant", "content": ""})
-            async for delta in deltas:
-                choice = choices[delta.index]
-                choice.token_ids += delta.token_ids
-                choice.logprobs += delta.logprobs
-                choice.text += delta.text
-                if delta.finish_reason:
-                    choice.finish_reason = delta.finish_reason
+            async for piece in deltas:
+                choice = choices[piece.index]
+                choice.extend(piece)
                 ready = tool_calls.safe_prefix(choice.text) if self.request.tools else len(choice.text)
                 if ready > choice.sent:
                     yield self._chunk(choice.index, {"content": choice.text[choice.sent:ready]})
                     choice.sent = ready
-            completions = [c.completion() for c in choices.values()]
+            completions = list(choices.values())
             for completion in completions:
                 check_logprobs(completion)
             await self._publish(backend, completions)
@@ -201,14 +196,16 @@ class _Call:
         except BaseException:
             self.release()  # client went away or the server is stopping: nothing was published
             raise
-        for choice, completion in zip(choices.values(), completions):
-            parsed = self._parse(completion)
+        for choice in completions:
+            parsed = self._parse(choice)
             if parsed.tool_calls:
                 calls = [{"index": k, **call} for k, call in enumerate(parsed.tool_calls)]
                 yield self._chunk(choice.index, {"tool_calls": calls})
             elif choice.sent < len(choice.text):
                 yield self._chunk(choice.index, {"content": choice.text[choice.sent:]})
-            yield self._chunk(choice.index, {}, "tool_calls" if parsed.tool_calls else completion.finish_reason)
+            yield self._chunk(choice.index, {}, "tool_calls" if parsed.tool_calls else choice.finish_reason)
         if (self.request.stream_options or {}).get("include_usage"):
-            yield f"data: {json.dumps({'id': self.id, 'object': 'chat.completion.chunk', 'created': self.created, 'model': self.model, 'choices': [], 'usage': self._usage(completions)})}\n\n"
+            usage = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                     "choices": [], "usage": self._usage(completions)}
+            yield f"data: {json.dumps(usage)}\n\n"
         yield "data: [DONE]\n\n"

@@ -12,6 +12,7 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.arguments import positive_int
 from infra.paths import trajbus_cache_dir
 from streams.topics import DEFAULT_PREFIX, validate_channel
 
@@ -63,16 +64,6 @@ def _addresses(text: str) -> list[str]:
     return addresses
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def _channel(text: str) -> str:
     try:
         return validate_channel(text)
@@ -84,9 +75,9 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-addresses", type=_addresses, required=True,
                         help="comma-separated HOST:PORT of vLLM-compatible servers (round robin)")
     parser.add_argument("--tokenizer-path", required=True, help="Hugging Face tokenizer directory (local)")
-    parser.add_argument("--prompt-length", type=_positive, default=4096,
+    parser.add_argument("--prompt-length", type=positive_int, default=4096,
                         help="longest prompt in tokens; longer is 400 context_length_exceeded")
-    parser.add_argument("--response-length", type=_positive, default=1024,
+    parser.add_argument("--response-length", type=positive_int, default=1024,
                         help="most tokens one call may generate (the default max_tokens)")
     parser.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (HOST:PORT[,HOST:PORT])")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)")
@@ -102,7 +93,7 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", help="bearer token required by white-box and admin endpoints")
     parser.add_argument("--state-dir", type=Path, default=trajbus_cache_dir() / "gateway",
                         help="where per-trajectory state survives restarts (default: %(default)s)")
-    parser.add_argument("--max-body-bytes", type=_positive, default=8 * 2**20)
+    parser.add_argument("--max-body-bytes", type=positive_int, default=8 * 2**20)
     parser.add_argument("--health-interval", type=float, default=2.0, help="seconds between backend health checks")
     parser.add_argument("--served-model-name", default="trajbus", help="model name in responses")
 

@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import logging
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor

@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Callable
 
+from infra.arguments import positive_int
 from infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
 from infra.kafka_broker import BrokerError, EmbeddedKafka
 from infra.topics import describe_topics, ensure_topics
@@ -30,16 +31,6 @@ def _channels(text: str) -> tuple[str, ...]:
         return tuple(validate_channel(c.strip()) for c in text.split(",") if c.strip())
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _topic_settings(args: argparse.Namespace) -> TopicSettings:
@@ -231,8 +222,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (HOST:PORT[,HOST:PORT])")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)")
-    parser.add_argument("--steps-partitions", type=_positive, default=TopicSettings.steps_partitions)
-    parser.add_argument("--groups-partitions", type=_positive, default=TopicSettings.groups_partitions)
+    parser.add_argument("--steps-partitions", type=positive_int, default=TopicSettings.steps_partitions)
+    parser.add_argument("--groups-partitions", type=positive_int, default=TopicSettings.groups_partitions)
     parser.add_argument("--channels", type=_channels, default=DEFAULT_CHANNELS,
                         help="comma-separated channel names (default: train,val)")
 
@@ -257,16 +248,16 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="the Faust stream processor that assembles prompt groups")
     _add_common(worker)
     rules = worker.add_argument_group("channel rules (defaults for every channel)")
-    rules.add_argument("--n-rollouts", type=_positive, default=4,
+    rules.add_argument("--n-rollouts", type=positive_int, default=4,
                        help="group size when a group registers none (default: %(default)s)")
     rules.add_argument("--max-staleness", type=int, help="policy versions a group may lag the policy topic")
     rules.add_argument("--stale-action", choices=["drop", "tag"], default="drop")
     rules.add_argument("--drop-equal-rewards", action="store_true", help="drop groups with no reward variance")
     rules.add_argument("--group-filter", help="dotted path of f(group) -> bool | (bool, reason)")
     rules.add_argument("--group-timeout", type=float, help="seconds until a group is emitted partially or dropped")
-    rules.add_argument("--min-rollouts", type=_positive, default=1,
+    rules.add_argument("--min-rollouts", type=positive_int, default=1,
                        help="complete trajectories a timed-out group needs to be emitted (default: %(default)s)")
-    rules.add_argument("--max-queue-size", type=_positive,
+    rules.add_argument("--max-queue-size", type=positive_int,
                        help="ready groups the trainer may lag before the oldest are dropped")
     rules.add_argument("--channel-setting", type=_channel_setting, action="append", metavar="CHANNEL.SETTING=VALUE",
                        help="override one rule for one channel, e.g. val.n_rollouts=1 (repeatable)")
@@ -296,9 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="broker + worker + producer + consumer, end to end")
     demo.add_argument("--bootstrap-servers", help="use this cluster instead of a throw-away embedded broker")
-    demo.add_argument("--groups", type=_positive, default=8)
-    demo.add_argument("--n-rollouts", type=_positive, default=4)
-    demo.add_argument("--steps", type=_positive, default=3, help="steps per trajectory")
+    demo.add_argument("--groups", type=positive_int, default=8)
+    demo.add_argument("--n-rollouts", type=positive_int, default=4)
+    demo.add_argument("--steps", type=positive_int, default=3, help="steps per trajectory")
     demo.set_defaults(func=cmd_demo)
     return parser
 

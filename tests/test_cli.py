@@ -15,8 +15,14 @@ from tests.helpers import trajbus
     (["worker", "--stale-action", "shrug"], "invalid choice: 'shrug'"),
     (["worker", "--n-rollouts", "0"], "expected a positive integer"),
     (["topics", "--channels", "Not A Channel"], "is not a valid channel name"),
+    (["gateway", "--tokenizer-path", "t"], "--vllm-addresses"),
+    (["gateway", "--vllm-addresses", "h:1", "--tokenizer-path", "t", "--prompt-length", "-5"],
+     "expected a positive integer"),
+    (["gateway", "--vllm-addresses", "h:1", "--tokenizer-path", "t", "--channel", "No!"], "valid channel name"),
+    (["gateway", "--vllm-addresses", "h:1", "--tokenizer-path", "t", "--reward-function", "no_such.module:f"],
+     "reward_function: cannot import 'no_such.module:f'"),
 ])
-def test_bad_worker_and_topics_input_exits_2(args, says):
+def test_bad_command_line_input_exits_2(args, says):
     result = trajbus(*args, "--bootstrap-servers", "127.0.0.1:9")
     assert result.returncode == 2, result.stderr
     assert says in result.stderr

@@ -147,8 +147,6 @@ def build(target: Path | None = None, max_steps: int = 1500, seed: int = 0) -> P
         return target
     torch.manual_seed(seed)
     examples = corpus()
-    from transformers import PreTrainedTokenizerFast  # noqa: F401  (import early: fail fast without transformers)
-
     scratch = _build_tokenizer([json.dumps(m) for m, _ in examples])  # vocabulary pass, refined below
     texts = [scratch.apply_chat_template(m, tools=t, tokenize=False) for m, t in examples]
     tokenizer = _build_tokenizer(texts)
