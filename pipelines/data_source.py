@@ -1,0 +1,307 @@
+"""Prompt data sources with slime's semantics: ``RolloutDataSource(WithBuffer)``.
+
+A user moving from slime keeps the behaviour their training relies on:
+
+- ``get_samples(num)`` returns ``num`` groups of ``n_samples_per_prompt``
+  independent copies of one prompt, each with a fresh global ``index``;
+- the dataset is walked in order and an epoch boundary is crossed inside a
+  call; with ``rollout_shuffle`` each epoch's order is a permutation of the
+  original order seeded by ``rollout_seed + epoch`` (deterministic, resumable);
+- ``save(rollout_id)`` / ``load(rollout_id)`` keep ``epoch_id``,
+  ``sample_offset``, ``sample_index`` and metadata, so a resumed run continues
+  exactly where the saved one was;
+- ``RolloutDataSourceWithBuffer`` serves its buffer first (through a buffer
+  filter chosen by dotted path, default pop-first), then the dataset; aborted
+  partial rollouts go back to the buffer. Beyond slime, the buffer is saved and
+  restored with the rest of the state.
+
+Settings use slime's argument names (``prompt_data``, ``input_key``,
+``label_key``, ``metadata_key``, ``tool_key``, ``apply_chat_template``,
+``rollout_max_prompt_len``, ``n_samples_per_prompt``, ``rollout_shuffle``,
+``rollout_seed``, ``save``, ``load``, ``buffer_filter_path``), so an
+``argparse.Namespace`` from slime works as well as ``DataSourceArgs``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable
+
+from streams.settings import import_dotted
+
+
+class Status(str, Enum):
+    PENDING = "pending"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+
+
+@dataclass
+class Sample:
+    """One rollout of one prompt, as slime's ``Sample``."""
+
+    index: int | None = None
+    prompt: str | list[dict[str, Any]] = ""
+    tokens: list[int] = field(default_factory=list)
+    response: str = ""
+    response_length: int = 0
+    label: Any = None
+    reward: float | dict[str, Any] | None = None
+    loss_mask: list[int] | None = None
+    status: Status = Status.PENDING
+    metadata: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None
+
+    Status = Status
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Sample":
+        data = dict(data)
+        data["status"] = Status(data.get("status", Status.PENDING.value))
+        return cls(**data)
+
+
+@dataclass
+class DataSourceArgs:
+    """slime's data-source arguments, with its names and defaults."""
+
+    prompt_data: str | None = None
+    input_key: str = "text"
+    label_key: str | None = None
+    metadata_key: str = "metadata"
+    tool_key: str | None = None
+    apply_chat_template: bool = False
+    tokenizer_path: str | None = None
+    rollout_max_prompt_len: int | None = None
+    n_samples_per_prompt: int = 1
+    rollout_global_dataset: bool = True
+    rollout_shuffle: bool = False
+    rollout_seed: int = 42
+    save: str | None = None
+    load: str | None = None
+    buffer_filter_path: str | None = None
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL or Parquet file; a missing file or a bad line is a ValueError naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"prompt_data: no such file {str(path)!r}")
+    if path.suffix == ".parquet":
+        import pandas
+
+        return pandas.read_parquet(path).to_dict(orient="records")
+    rows = []
+    with path.open() as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"prompt_data: {path}:{number} is not JSON ({exc})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"prompt_data: {path}:{number} is not a JSON object")
+            rows.append(row)
+    return rows
+
+
+class PromptDataset:
+    """The prompts of one file, in original order, with slime's seeded per-epoch shuffle."""
+
+    def __init__(self, args: Any) -> None:
+        tokenizer = None
+        if args.apply_chat_template or args.rollout_max_prompt_len is not None:
+            if not getattr(args, "tokenizer_path", None):
+                raise ValueError("tokenizer_path: needed for apply_chat_template / rollout_max_prompt_len")
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path)
+        self.origin_samples: list[Sample] = []
+        self.dropped_too_long = 0
+        for number, row in enumerate(read_records(args.prompt_data), 1):
+            if args.input_key not in row:
+                raise ValueError(f"input_key: record {number} of {args.prompt_data} has no {args.input_key!r}")
+            if args.label_key is not None and args.label_key not in row:
+                raise ValueError(f"label_key: record {number} of {args.prompt_data} has no {args.label_key!r}")
+            prompt = row[args.input_key]
+            tools = row.get(args.tool_key) if args.tool_key else None
+            if args.apply_chat_template:
+                messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+                prompt = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                       add_generation_prompt=True)
+            if args.rollout_max_prompt_len is not None:
+                text = prompt if isinstance(prompt, str) else json.dumps(prompt)
+                if len(tokenizer.encode(text, add_special_tokens=False)) > args.rollout_max_prompt_len:
+                    self.dropped_too_long += 1
+                    continue
+            metadata = row.get(args.metadata_key) or {}
+            self.origin_samples.append(Sample(prompt=prompt, label=row.get(args.label_key) if args.label_key else None,
+                                              metadata=dict(metadata), tools=tools))
+        if not self.origin_samples:
+            raise ValueError(f"prompt_data: {args.prompt_data} has no usable prompts")
+        self.seed = args.rollout_seed
+        self.samples = list(self.origin_samples)
+        self.epoch_id = -1
+
+    def shuffle(self, epoch_id: int) -> None:
+        """The order of ``epoch_id``: a permutation of the original order, seeded by seed + epoch."""
+        if epoch_id == self.epoch_id:
+            return
+        permutation = list(range(len(self.origin_samples)))
+        random.Random(self.seed + epoch_id).shuffle(permutation)
+        self.samples = [self.origin_samples[i] for i in permutation]
+        self.epoch_id = epoch_id
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+def _state_path(directory: str | Path, rollout_id: int) -> Path:
+    return Path(directory) / "rollout" / f"global_dataset_state_dict_{rollout_id}.json"
+
+
+class RolloutDataSource:
+    """Read-only prompt groups from a dataset, epoch after epoch."""
+
+    def __init__(self, args: Any) -> None:
+        self.args = args
+        self.epoch_id = 0
+        self.sample_offset = 0
+        self.sample_index = 0
+        self.metadata: dict[str, Any] = {}
+        self.dataset = PromptDataset(args) if args.rollout_global_dataset else None
+        if self.dataset is not None and args.rollout_shuffle:
+            self.dataset.shuffle(self.epoch_id)
+
+    def _copies(self, prompt: Sample | None) -> list[Sample]:
+        group = []
+        for _ in range(self.args.n_samples_per_prompt):
+            sample = copy.deepcopy(prompt) if prompt is not None else Sample()
+            sample.index = self.sample_index
+            self.sample_index += 1
+            group.append(sample)
+        return group
+
+    def get_samples(self, num_samples: int) -> list[list[Sample]]:
+        """``num_samples`` groups of ``n_samples_per_prompt`` independent copies."""
+        if self.dataset is None:
+            return [self._copies(None) for _ in range(num_samples)]
+        prompts: list[Sample] = []
+        while len(prompts) < num_samples:
+            take = min(num_samples - len(prompts), len(self.dataset) - self.sample_offset)
+            prompts += self.dataset.samples[self.sample_offset:self.sample_offset + take]
+            self.sample_offset += take
+            if self.sample_offset == len(self.dataset) and len(prompts) < num_samples:
+                self.epoch_id += 1  # the boundary is crossed inside this call
+                self.sample_offset = 0
+                if self.args.rollout_shuffle:
+                    self.dataset.shuffle(self.epoch_id)
+        return [self._copies(p) for p in prompts]
+
+    def add_samples(self, samples: list[list[Sample]]) -> None:
+        raise RuntimeError(f"{type(self).__name__} is read-only: use RolloutDataSourceWithBuffer to add samples")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch_id": self.epoch_id, "sample_offset": self.sample_offset, "sample_index": self.sample_index,
+                "metadata": self.metadata}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch_id, self.sample_offset = state["epoch_id"], state["sample_offset"]
+        self.sample_index, self.metadata = state["sample_index"], dict(state["metadata"])
+        if self.dataset is not None and self.args.rollout_shuffle:
+            self.dataset.shuffle(self.epoch_id)
+
+    def save(self, rollout_id: int) -> Path | None:
+        """Write the state of ``rollout_id`` under ``args.save``; returns the file."""
+        if not self.args.save:
+            return None
+        path = _state_path(self.args.save, rollout_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state_dict()))
+        tmp.replace(path)
+        return path
+
+    def load(self, rollout_id: int | None = None) -> bool:
+        """Restore the state saved for ``rollout_id`` under ``args.load``; False if there is none."""
+        if not self.args.load or rollout_id is None:
+            return False
+        path = _state_path(self.args.load, rollout_id)
+        if not path.exists():
+            return False
+        self.load_state_dict(json.loads(path.read_text()))
+        return True
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        self.metadata.update(metadata)
+
+    def get_metadata(self) -> dict[str, Any]:
+        return self.metadata
+
+
+BufferFilter = Callable[[Any, Any, list[list[Sample]], int], list[list[Sample]]]
+
+
+def pop_first(args: Any, rollout_id: Any, buffer: list[list[Sample]], num_samples: int) -> list[list[Sample]]:
+    """slime's default buffer filter: the oldest groups first."""
+    taken = buffer[:num_samples]
+    del buffer[:num_samples]
+    return taken
+
+
+class RolloutDataSourceWithBuffer(RolloutDataSource):
+    """The buffer first (aborted or returned groups), then the dataset."""
+
+    def __init__(self, args: Any) -> None:
+        super().__init__(args)
+        self.buffer: list[list[Sample]] = []
+        path = getattr(args, "buffer_filter_path", None)
+        self.buffer_filter: BufferFilter = import_dotted(path, "buffer_filter_path") if path else pop_first
+        if not callable(self.buffer_filter):
+            raise ValueError(f"buffer_filter_path: {path!r} is not callable")
+
+    def get_samples(self, num_samples: int) -> list[list[Sample]]:
+        samples = self.buffer_filter(self.args, None, self.buffer, num_samples) if self.buffer else []
+        if len(samples) < num_samples:
+            samples += super().get_samples(num_samples - len(samples))
+        return samples
+
+    def add_samples(self, samples: list[list[Sample]]) -> None:
+        """Append groups to the buffer; each must be a list of ``n_samples_per_prompt`` Samples."""
+        if not isinstance(samples, list):
+            raise ValueError(f"samples: expected a list of groups, got {type(samples).__name__}")
+        for position, group in enumerate(samples):
+            if not isinstance(group, list) or not all(isinstance(s, Sample) for s in group):
+                raise ValueError(f"samples[{position}]: a group is a list of Sample")
+            if len(group) != self.args.n_samples_per_prompt:
+                raise ValueError(f"samples[{position}]: has {len(group)} samples, n_samples_per_prompt is "
+                                 f"{self.args.n_samples_per_prompt}")
+        self.buffer.extend(samples)
+
+    def return_aborted(self, groups: list[list[Sample]]) -> int:
+        """Partial rollouts cut off (status ``aborted``) go back to the buffer, responses kept; returns how many."""
+        aborted = [g for g in groups if any(s.status == Status.ABORTED for s in g)]
+        self.add_samples(aborted)
+        return len(aborted)
+
+    def get_buffer_length(self) -> int:
+        return len(self.buffer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "buffer": [[s.to_dict() for s in g] for g in self.buffer]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.buffer = [[Sample.from_dict(s) for s in g] for g in state.get("buffer", [])]
