@@ -17,7 +17,6 @@ def serve(settings: GatewaySettings) -> int:
 
     from gateway.app import create_app
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per backend call is noise
     try:
         app = create_app(settings)
     except ValueError as exc:  # e.g. an unimportable --reward-function
@@ -35,4 +34,5 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per backend call is noise
     return serve(settings_from_args(args))

@@ -6,7 +6,8 @@ semantics: ``POST /v1/completions`` with a token-id prompt, ``n``,
 ``temperature`` (0 = greedy), ``top_p``, ``max_tokens``, ``stop``, ``seed``,
 ``ignore_eos``, ``logprobs`` (the sampled token's raw log-probability, as vLLM's
 default ``raw_logprobs``), ``return_token_ids`` and
-``return_tokens_as_token_ids``, and ``stream`` as server-sent events. The EOS
+``return_tokens_as_token_ids``, and ``stream`` as server-sent events;
+``POST /update_weights_from_disk`` loads a trainer's new weights. The EOS
 id is part of the returned ``token_ids`` (as in vLLM); text omits special
 tokens and stop strings. ``POST /v1/chat/completions`` serves plain chat (the
 baseline for gateway benchmarks). Requests run one at a time on a generation
@@ -65,11 +66,23 @@ class Engine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model_dir = model_dir
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir).to(self.device).eval()
+        self.loads = 1
         self.eos_ids = {self.tokenizer.eos_token_id}
         self.max_length = int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+
+    def load_weights(self, model_dir: Path) -> float:
+        """Swap in the weights at ``model_dir``; runs on the generation thread, so never mid-request."""
+        from transformers import AutoModelForCausalLM
+
+        started = time.monotonic()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir).to(self.device).eval()
+        self.loads += 1
+        log.info("weights loaded from %s (load %d)", model_dir, self.loads)
+        return time.monotonic() - started
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -274,6 +287,17 @@ def create_app(engine: Engine, model_name: str):
                 yield _sse(_chunk(body, rid, created, model_name, index, delta, pending[index],
                                   sample.finish_reason))
         yield "data: [DONE]\n\n"
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request) -> dict:
+        """Load new weights (a trainer's checkpoint) between two requests; SGLang's endpoint name."""
+        body = await _json_body(request)
+        path = body.get("model_path") or str(engine.model_dir)
+        if not Path(path, "config.json").is_file():
+            raise RequestError(f"model_path: no model at {path!r}")
+        loop = asyncio.get_running_loop()
+        seconds = await loop.run_in_executor(engine.executor, engine.load_weights, Path(path))
+        return {"success": True, "model_path": path, "seconds": round(seconds, 3), "loads": engine.loads}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

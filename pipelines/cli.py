@@ -212,9 +212,13 @@ def cmd_inference_server(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from pipelines.demo import run_demo
+    from pipelines.demo_config import load_demo_config
 
-    return run_demo(bootstrap_servers=args.bootstrap_servers, n_groups=args.groups,
-                    n_rollouts=args.n_rollouts, steps_per_trajectory=args.steps)
+    try:
+        config = load_demo_config(args.config)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return run_demo(config, bootstrap_servers=args.bootstrap_servers)
 
 
 # -- parser ---------------------------------------------------------------------
@@ -285,11 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve_model.add_argument("--port", type=int, default=8000)
     serve_model.set_defaults(func=cmd_inference_server)
 
-    demo = sub.add_parser("demo", help="broker + worker + producer + consumer, end to end")
+    demo = sub.add_parser("demo", help="the whole system end to end: agents, gateway, worker, a GRPO trainer")
     demo.add_argument("--bootstrap-servers", help="use this cluster instead of a throw-away embedded broker")
-    demo.add_argument("--groups", type=positive_int, default=8)
-    demo.add_argument("--n-rollouts", type=positive_int, default=4)
-    demo.add_argument("--steps", type=positive_int, default=3, help="steps per trajectory")
+    demo.add_argument("--config", help="the demo's YAML file (default: pipelines/configs/demo.yaml)")
     demo.set_defaults(func=cmd_demo)
     return parser
 
@@ -299,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per HTTP call drowns what matters
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -1,78 +1,197 @@
-"""``trajbus demo``: the first path end to end, on a real broker.
+"""``trajbus demo``: the whole system doing its real job, configured by YAML.
 
-Brings up a throw-away embedded Kafka broker (or uses ``--bootstrap-servers``),
-starts the stream worker, submits prompt groups of synthetic agent steps with
-their trajectories interleaved, fetches the ready groups as a trainer would,
-prints what flowed, and tears everything down, also on Ctrl-C.
+Brings up a throw-away Kafka broker (or uses ``--bootstrap-servers``), the
+stream worker, the local inference server with the tiny model and the gateway.
+Env managers roll out black-box agents (official ``openai`` client on a
+``base_url``) and white-box agents (token ids through ``/generate``) on the
+math and calculator environments; a trainer fetches ``DataProto`` batches,
+takes a GRPO step with verl on the tiny model, saves it, has the inference
+server load the new weights and publishes the next policy version. Progress is
+printed as it goes; the end is a summary table and an SVG plot; everything is
+torn down, also on Ctrl-C.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+import threading
 import time
 import uuid
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
+
 from consumers import BatchConsumer
+from consumers.backends import VerlBackend
+from infra import tiny_model
 from infra.kafka_broker import EmbeddedKafka
-from pipelines.processes import worker_process
-from pipelines.synthetic import make_groups
+from pipelines.agents import BlackBoxAgent, WhiteBoxAgent
+from pipelines.demo_config import DemoConfig, load_demo_config
+from pipelines.env_manager import EnvConfig, EnvManager, EpisodeScheduler
+from pipelines.envs import CalculatorEnv, MathEnv
+from pipelines.global_dataset import GlobalDataset
+from pipelines.processes import (ServiceProcess, free_port, gateway_process, inference_server_process, wait_http,
+                                 worker_process)
+from pipelines.report import VersionRecord, drops_from_stats, summary_table, write_plot
+from streams.policy import PolicyVersionPublisher
 from streams.producer import StepProducer
+from streams.stats import read_snapshots, summarize
+
+STAGES = 6
 
 
-def run_demo(bootstrap_servers: str | None = None, n_groups: int = 8, n_rollouts: int = 4,
-             steps_per_trajectory: int = 3, timeout: float = 120.0) -> int:
+def say(stage: int, text: str) -> None:
+    print(f"[{stage}/{STAGES}] {text}", flush=True)
+
+
+class Rollouts:
+    """The env managers, each on its own thread, rolling out until stopped."""
+
+    def __init__(self, config: DemoConfig, gateway: str, tokenizer_path: Path, version: list[int]) -> None:
+        self.scheduler = EpisodeScheduler()
+        self.managers: list[EnvManager] = []
+        sampling = {"temperature": config.rollout.temperature, "max_tokens": config.rollout.max_tokens}
+        env_id = 0
+        for group_id, group in enumerate(config.rollout.env_groups):
+            dataset = GlobalDataset(config.datasets[group.env])
+            for _ in range(group.group_size):
+                env = CalculatorEnv(dataset) if group.env == "calculator" else MathEnv(dataset)
+                agent = (BlackBoxAgent(gateway, sampling=sampling) if group.agent == "black_box" else
+                         WhiteBoxAgent(gateway, str(tokenizer_path), policy_version=lambda: version[0],
+                                       sampling=sampling))
+                self.managers.append(EnvManager(env, agent, self.scheduler,
+                                                EnvConfig(group_id, env_id, group.group_size)))
+                env_id += 1
+        self.pool = ThreadPoolExecutor(len(self.managers), thread_name_prefix="env")
+        self.futures = []
+        self.seed = config.seed
+
+    def start(self) -> None:
+        self.futures = [self.pool.submit(m.run_rollout_loop, {"seed": self.seed}) for m in self.managers]
+
+    def failure(self) -> BaseException | None:
+        return next((f.exception() for f in self.futures if f.done() and f.exception()), None)
+
+    def episodes(self) -> int:
+        return sum(len(m.episodes) for m in self.managers)
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+        for manager in self.managers:
+            manager.stop()
+        self.pool.shutdown(wait=True, cancel_futures=True)  # episodes in flight finish (bounded by max_turns)
+        for manager in self.managers:
+            manager.agent.close()
+
+
+def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = None) -> int:
+    config = config or load_demo_config()
     workdir = Path(tempfile.mkdtemp(prefix="trajbus-demo-"))
-    broker = None
-    worker = None
+    broker: EmbeddedKafka | None = None
+    services: list[ServiceProcess] = []
+    rollouts: Rollouts | None = None
+    started = time.monotonic()
     try:
         if bootstrap_servers is None:
             broker = EmbeddedKafka(state_dir=workdir / "broker")
-            print(f"[1/5] starting Apache Kafka {broker.version} (KRaft, single node) ...", flush=True)
+            say(1, f"starting Apache Kafka {broker.version} (KRaft, single node) ...")
             bootstrap_servers = broker.start().bootstrap_servers
-        print(f"[1/5] broker at {bootstrap_servers}", flush=True)
         prefix = f"demo-{uuid.uuid4().hex[:6]}"
-        with StepProducer(bootstrap_servers, prefix=prefix) as producer:
-            producer.provision("train")  # before the worker subscribes
-            print(f"[2/5] topics provisioned under prefix {prefix}; starting the stream worker", flush=True)
-            worker = worker_process(bootstrap_servers, prefix, workdir / "worker.log", n_rollouts=n_rollouts).start()
-            _, steps = make_groups(n_groups, n_rollouts, steps_per_trajectory, seed=0, tag=f"{prefix}-p")
-            started = time.monotonic()
-            acked = producer.submit_steps(steps, channel="train")
-            print(f"[3/5] {acked} steps acknowledged by the broker "
-                  f"({n_groups} groups x {n_rollouts} trajectories x {steps_per_trajectory} steps, interleaved)",
-                  flush=True)
+        say(1, f"broker at {bootstrap_servers}, topics under prefix {prefix}")
 
-        print("[4/5] fetching ready groups as the trainer ...", flush=True)
-        received = []
-        with BatchConsumer("train", bootstrap_servers, prefix=prefix) as consumer:
-            deadline = time.monotonic() + timeout
-            while len(received) < n_groups and time.monotonic() < deadline:
-                if not worker.alive():
-                    raise RuntimeError(f"the stream worker exited:\n{worker.log_tail()}")
-                group = consumer.fetch_group(timeout=1.0)
-                if group is not None:
-                    received.append((group, time.monotonic() - started))
-            consumer.commit()
+        say(2, "tiny chat model: building from the project's files (cached after the first run) ...")
+        policy_dir = workdir / "policy"
+        shutil.copytree(tiny_model.build(), policy_dir)
+        version = [0]
+        StepProducer(bootstrap_servers, prefix=prefix).provision("train")
+        publisher = PolicyVersionPublisher(bootstrap_servers, prefix=prefix)
+        publisher.publish(0)
 
-        print(f"\n{'prompt_uid':<24} {'traj':>4} {'steps':>5} {'tokens':>7} {'rewards':<12} {'ready after submit':>18}")
-        for group, elapsed in received:
-            tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in group.steps)
-            rewards = "".join(str(int(s.reward)) for s in group.steps if s.is_last)
-            print(f"{group.prompt_uid:<24} {len(group.trajectory_uids):>4} {len(group.steps):>5} "
-                  f"{tokens:>7} {rewards:<12} {elapsed:>17.2f}s")
-        ok = len(received) == n_groups
-        print(f"\n[5/5] received {len(received)} of {n_groups} groups "
-              f"({sum(len(g.steps) for g, _ in received)} steps) -> {'OK' if ok else 'INCOMPLETE'}")
-        if not ok and worker is not None:
-            print(worker.log_tail())
-        return 0 if ok else 1
+        say(3, "starting the stream worker, the inference server and the gateway ...")
+        group_size = config.rollout.env_groups[0].group_size
+        worker_extra = []
+        if config.worker.max_staleness is not None:
+            worker_extra += ["--max-staleness", str(config.worker.max_staleness)]
+        if config.worker.max_queue_size is not None:
+            worker_extra += ["--max-queue-size", str(config.worker.max_queue_size)]
+        if config.worker.group_filter:
+            worker_extra += ["--group-filter", config.worker.group_filter]
+        services.append(worker_process(bootstrap_servers, prefix, workdir / "worker.log", channels="train",
+                                       n_rollouts=group_size, extra=worker_extra).start())
+        server_port, gateway_port = free_port(), free_port()
+        server = inference_server_process(server_port, workdir / "inference.log", policy_dir).start()
+        services.append(server)
+        gateway_extra = ["--prompt-length", str(config.gateway.prompt_length),
+                         "--response-length", str(config.gateway.response_length)]
+        if config.gateway.reward_function:
+            gateway_extra += ["--reward-function", config.gateway.reward_function]
+        gateway = gateway_process(bootstrap_servers, prefix, [f"127.0.0.1:{server_port}"], policy_dir, gateway_port,
+                                  workdir / "gateway-state", workdir / "gateway.log", gateway_extra).start()
+        services.append(gateway)
+        server_url, gateway_url = f"http://127.0.0.1:{server_port}", f"http://127.0.0.1:{gateway_port}"
+        wait_http(f"{server_url}/health", 180, server)
+        wait_http(f"{gateway_url}/ready", 180, gateway)
+        say(3, f"gateway ready at {gateway_url} (logs in {workdir})")
+
+        rollouts = Rollouts(config, gateway_url, policy_dir, version)
+        say(4, f"rolling out: {len(rollouts.managers)} env managers in {len(config.rollout.env_groups)} groups")
+        rollouts.start()
+
+        say(5, f"training {config.policy_versions} policy versions, {config.trainer.groups_per_step} groups each")
+        from pipelines.trainer import GRPOTrainer
+
+        trainer = GRPOTrainer(policy_dir, config.trainer.learning_rate)
+        backend = VerlBackend(config.trainer.prompt_length, config.trainer.response_length,
+                              pad_token_id=0, row_mode="trajectory", temperature=config.rollout.temperature)
+        records: list[VersionRecord] = []
+        rewards_by_rollout_version: dict[int, list[float]] = defaultdict(list)
+        with BatchConsumer("train", bootstrap_servers, prefix=prefix, backend=backend) as consumer:
+            while version[0] < config.policy_versions:
+                step_started = time.monotonic()
+                batch = consumer.fetch_dataproto(config.trainer.groups_per_step, timeout=config.trainer.fetch_timeout,
+                                                 current_version=version[0])
+                if batch is None:
+                    failure = rollouts.failure()
+                    raise RuntimeError(f"no batch within {config.trainer.fetch_timeout}s"
+                                       + (f": a rollout failed: {failure}" if failure else ""))
+                stale = batch.non_tensor_batch["staleness"]
+                for reward, lag in zip(batch.batch["rm_scores"].sum(-1).tolist(), stale):
+                    rewards_by_rollout_version[version[0] - int(lag)].append(reward)
+                report = trainer.step(batch)
+                trainer.save()
+                httpx.post(f"{server_url}/update_weights_from_disk", json={"model_path": str(policy_dir)},
+                           timeout=120).raise_for_status()
+                consumer.commit()
+                version[0] += 1
+                publisher.publish(version[0])
+                records.append(VersionRecord(version[0], config.trainer.groups_per_step, report.rows, report.tokens,
+                                             report.reward, report.loss, report.nll, float(stale.mean()),
+                                             time.monotonic() - step_started))
+                say(5, f"policy v{version[0]}: policy loss {report.loss:+.2e}, nll {report.nll:.4f}, "
+                       f"batch reward {report.reward:.3f}, {report.rows} rows, staleness {stale.mean():.2f}, "
+                       f"{rollouts.episodes()} episodes so far")
+
+        say(6, "done: stopping rollouts")
+        rollouts.stop()
+        rollouts = None
+        drops = drops_from_stats(summarize(read_snapshots(bootstrap_servers, prefix)), "train")
+        print()
+        print(summary_table(records, rewards_by_rollout_version, drops, time.monotonic() - started))
+        plot = write_plot(records, config.report)
+        print(f"\nplot of reward and throughput per version: {plot.resolve()}")
+        return 0
     except KeyboardInterrupt:
-        print("\ninterrupted; tearing down")
+        print("\ninterrupted: tearing down", flush=True)
         return 130
     finally:
-        if worker is not None:
-            worker.stop()
+        if rollouts is not None:
+            threading.Thread(target=rollouts.stop, daemon=True).start()  # never block teardown on an agent
+        for service in reversed(services):
+            service.stop()
         if broker is not None:
             broker.stop()
-            print("torn down: worker and broker stopped")
+        print("torn down: gateway, inference server, worker" + (" and broker" if broker else "") + " stopped",
+              flush=True)

@@ -1,0 +1,106 @@
+"""Agents that play an episode of an environment through the gateway, and submit it once.
+
+``BlackBoxAgent`` is what an external agent framework looks like to trajbus:
+it gets a ``base_url`` and uses the official ``openai`` client; the gateway
+captures every call as a Step; the agent's one submission is
+``complete_trajectory`` with the environment's reward.
+``WhiteBoxAgent`` tokenizes itself, calls ``/generate`` with token ids and
+submits all of its steps (the last with the reward) in one ``/submit_steps``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import httpx
+
+from gateway import tool_calls
+from pipelines.envs import Feedback, Observation
+
+
+@dataclass
+class Episode:
+    """What one episode produced, for the env manager's bookkeeping."""
+
+    trajectory_uid: str
+    prompt_uid: str
+    reward: float
+    turns: int
+
+
+class GatewayAgent:
+    def __init__(self, gateway_url: str, api_key: str | None = None, channel: str = "train",
+                 sampling: dict[str, Any] | None = None, timeout: float = 120.0) -> None:
+        self.gateway_url = gateway_url.rstrip("/")
+        self.channel = channel
+        self.sampling = {"temperature": 1.0, "max_tokens": 32, **(sampling or {})}
+        self.http = httpx.Client(timeout=timeout, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+
+    def _post(self, url: str, **kwargs: Any) -> dict[str, Any]:
+        response = self.http.post(url, **kwargs)
+        if response.status_code != 200:
+            raise RuntimeError(f"POST {url} -> {response.status_code}: {response.text[:500]}")
+        return response.json()
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class BlackBoxAgent(GatewayAgent):
+    def run_episode(self, env: Any, observation: Observation, prompt_uid: str, n_rollouts: int,
+                    metadata: dict[str, Any], max_turns: int = 8) -> Episode:
+        import openai
+
+        t = self._post(f"{self.gateway_url}/init_trajectory",
+                       json={"prompt_uid": prompt_uid, "n_rollouts": n_rollouts, "channel": self.channel,
+                             "metadata": {**metadata, "label": observation.label}})
+        client = openai.OpenAI(base_url=t["base_url"], api_key="black-box", max_retries=0)
+        messages = list(observation.messages)
+        feedback = Feedback([], 0.0, False)
+        turns = 0
+        while not feedback.done and turns < max_turns:
+            reply = client.chat.completions.create(model="policy", messages=messages, tools=observation.tools,
+                                                   **self.sampling)
+            message = reply.choices[0].message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
+            feedback = env.step(message)
+            messages += [message, *feedback.messages]
+            turns += 1
+        self._post(f"{t['base_url']}/complete_trajectory", json={"reward": feedback.reward})  # the one submission
+        return Episode(t["trajectory_uid"], prompt_uid, feedback.reward, turns)
+
+
+class WhiteBoxAgent(GatewayAgent):
+    def __init__(self, gateway_url: str, tokenizer_path: str, policy_version: Callable[[], int] = lambda: 0,
+                 **options: Any) -> None:
+        from transformers import AutoTokenizer
+
+        super().__init__(gateway_url, **options)
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.policy_version = policy_version
+
+    def run_episode(self, env: Any, observation: Observation, prompt_uid: str, n_rollouts: int,
+                    metadata: dict[str, Any], trajectory_uid: str, max_turns: int = 8) -> Episode:
+        messages = list(observation.messages)
+        steps: list[dict[str, Any]] = []
+        feedback = Feedback([], 0.0, False)
+        while not feedback.done and len(steps) < max_turns:
+            text = self.tokenizer.apply_chat_template(messages, tools=observation.tools, tokenize=False,
+                                                      add_generation_prompt=True)
+            prompt_ids = self.tokenizer.encode(text, add_special_tokens=False)
+            out = self._post(f"{self.gateway_url}/generate",
+                             json={"prompt_ids": prompt_ids, "trajectory_uid": trajectory_uid, **self.sampling})
+            parsed = tool_calls.parse(out["text"]) if observation.tools else tool_calls.ParsedOutput(out["text"], [])
+            message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+            if parsed.tool_calls:
+                message["tool_calls"] = parsed.tool_calls
+            steps.append({"prompt_ids": prompt_ids, "response_ids": out["response_ids"],
+                          "rollout_log_probs": out["log_probs"], "trajectory_uid": trajectory_uid,
+                          "prompt_uid": prompt_uid, "step_index": len(steps), "policy_version": self.policy_version(),
+                          "metadata": {**metadata, "label": observation.label}})
+            feedback = env.step(message)
+            messages += [message, *feedback.messages]
+        steps[-1].update(is_last=True, reward=feedback.reward)
+        self._post(f"{self.gateway_url}/submit_steps", params={"channel": self.channel},  # the one submission
+                   json={"steps": steps, "n_rollouts": n_rollouts})
+        return Episode(trajectory_uid, prompt_uid, feedback.reward, len(steps))
