@@ -115,7 +115,11 @@ class EnvManager:
 
 def validation_pass(managers: list[EnvManager], dataset_manager: Any, seed: int,
                     val_batch_size: int = -1) -> list[Episode]:
-    """ROLL's validation: reset the datasets, then roll out; ``val_batch_size=-1`` traverses the whole set."""
+    """ROLL's validation: reset the datasets, then roll out; ``val_batch_size=-1`` traverses the whole set.
+
+    Give every pass a fresh ``seed`` (e.g. the global step): prompt uids derive from it, and the
+    stream worker treats a reused uid of a group already emitted as late.
+    """
     if hasattr(dataset_manager.reset, "remote"):
         import ray
 

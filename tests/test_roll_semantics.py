@@ -124,8 +124,8 @@ def test_validation_pass_traverses_the_whole_set_each_time(
     agent = WhiteBoxAgent(gateway, str(tiny_model_dir), channel="val", sampling={"max_tokens": 8})
     managers = [EnvManager(MathEnv(dataset), agent, EpisodeScheduler(), EnvConfig(g, g, group_size=1, tag="val"))
                 for g in range(2)]
-    for _ in range(2):
-        episodes = validation_pass(managers, datasets, seed=0, val_batch_size=-1)
+    for global_step in (0, 10):  # a fresh seed per pass: prompt uids derive from it
+        episodes = validation_pass(managers, datasets, seed=global_step, val_batch_size=-1)
         assert len(episodes) == 5
         groups: list = []
         wait_for(lambda: groups.extend(drain("val", bootstrap_servers, prefix=prefix, timeout=30)) or len(groups) >= 5,
