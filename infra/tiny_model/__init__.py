@@ -167,6 +167,7 @@ def build(target: Path | None = None, max_steps: int = 1500, seed: int = 0) -> P
     """Train (or find cached) the tiny chat model; returns its directory (``from_pretrained``-ready)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
 
     target = Path(target or default_model_dir())
     if (target / "config.json").exists() and (target / "tokenizer.json").exists():
@@ -213,6 +214,7 @@ def build(target: Path | None = None, max_steps: int = 1500, seed: int = 0) -> P
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     model.generation_config.pad_token_id = pad
+    hf_logging.disable_progress_bar()
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     try:
