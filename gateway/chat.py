@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from gateway import tool_calls
 from gateway.backends import BackendError, Completion, NoBackendAvailable
-from gateway.errors import GatewayError, bad_request, unavailable
+from gateway.errors import GatewayError, bad_request, conflict, unavailable
 from gateway.schemas import ChatCompletionRequest
 from gateway.service import GatewayService
 from gateway.trajectories import Trajectory
@@ -81,7 +81,10 @@ class ChatCompletions:
         check_prompt_length(prompt_ids, service.settings.prompt_length)
         sampling = request.engine_params(service.settings.response_length)
         call = _Call(service, trajectory, request, messages, prompt_ids, sampling)
-        call.first_step = service.store.reserve_steps(trajectory.trajectory_uid, request.n)
+        try:
+            call.first_step = service.store.reserve_steps(trajectory.trajectory_uid, request.n)
+        except LookupError as exc:  # completed by a concurrent request since it was looked up
+            raise conflict(str(exc)) from None
         try:
             if request.stream:
                 return await call.stream()
