@@ -69,3 +69,34 @@ def test_a_dataset_record_without_a_label_is_named(tmp_path):
     result = trajbus("demo", "--config", str(path), timeout=60)
     assert result.returncode == 2 and "datasets.math: record 2" in result.stderr and "'label'" in result.stderr
     assert trajbus("demo", "--config", str(tmp_path / "missing.yaml")).returncode == 2
+
+
+def test_ctrl_c_tears_everything_down(bootstrap_servers, tmp_path, tiny_model_dir):
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from tests.helpers import wait_for
+
+    path = config(tmp_path, policy_versions=1000)
+    demo = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "demo", "--config", str(path),
+                             "--bootstrap-servers", bootstrap_servers], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(demo.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any("policy v1:" in line for line in lines), 300, "the first policy version")
+        workdir = re.search(r"logs in (\S+)\)", "".join(lines)).group(1)
+        os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
+        assert demo.wait(90) == 130
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+    reader.join(10)
+    assert "interrupted: tearing down" in "".join(lines) and "torn down" in "".join(lines)
+    left = subprocess.run(["pgrep", "-f", workdir], capture_output=True, text=True).stdout.split()
+    assert left == [], f"processes of the demo still running: {left}"
