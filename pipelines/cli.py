@@ -208,6 +208,47 @@ def cmd_inference_server(args: argparse.Namespace) -> int:
     return serve_model(forwarded)
 
 
+# -- replay ---------------------------------------------------------------------
+
+def _versions(text: str) -> set[int]:
+    try:
+        return {int(v) for v in text.split(",") if v.strip()}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from consumers.replay import Replay, ReplayError, parse_time
+
+    try:
+        replay = Replay(args.channel, args.bootstrap_servers, prefix=args.prefix, source=args.source,
+                        start_time=parse_time(args.start) if args.start else None,
+                        end_time=parse_time(args.end) if args.end else None,
+                        start_offset=args.start_offset, end_offset=args.end_offset,
+                        policy_versions=args.policy_versions, max_groups_per_s=args.max_groups_per_s,
+                        progress=True)
+        if args.source == "steps" and not args.into:
+            raise ReplayError("into: replay from the steps topic re-assembles groups; name a channel with --into")
+    except ReplayError as exc:
+        raise UsageError(str(exc)) from None
+    with replay:
+        if args.into:
+            try:
+                count = replay.into_channel(args.into, n_rollouts=args.n_rollouts)
+            except ReplayError as exc:
+                raise UsageError(str(exc)) from None
+            print(f"replayed {count} records of {replay.topic} into channel {args.into!r}")
+            return 0
+        count = 0
+        for group in replay.groups():
+            versions = sorted({s.policy_version for s in group.steps})
+            print(f"{group.prompt_uid}  trajectories={len(group.trajectory_uids)} steps={len(group.steps)} "
+                  f"versions={versions} status={group.status}")
+            count += 1
+        print(f"{count} groups in the window")
+    return 0
+
+
 # -- demo -----------------------------------------------------------------------
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -288,6 +329,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve_model.add_argument("--host", default="127.0.0.1")
     serve_model.add_argument("--port", type=int, default=8000)
     serve_model.set_defaults(func=cmd_inference_server)
+
+    replay = sub.add_parser("replay", help="replay a channel's history (a window, some policy versions)")
+    replay.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (HOST:PORT[,HOST:PORT])")
+    replay.add_argument("--prefix", default=DEFAULT_PREFIX)
+    replay.add_argument("--channel", required=True, help="the channel whose history is replayed")
+    replay.add_argument("--source", choices=["groups", "steps"], default="groups",
+                        help="groups: a straight read; steps: re-assembled by a worker on --into's settings")
+    replay.add_argument("--from", dest="start", help="window start: unix seconds or ISO 8601 (UTC if no zone)")
+    replay.add_argument("--to", dest="end", help="window end (exclusive)")
+    replay.add_argument("--from-offset", dest="start_offset", type=int, help="window start offset (1 partition)")
+    replay.add_argument("--to-offset", dest="end_offset", type=int, help="window end offset, exclusive")
+    replay.add_argument("--policy-versions", type=_versions, help="only groups of these versions, e.g. 2,3")
+    replay.add_argument("--into", help="re-emit into this channel (else: list the groups)")
+    replay.add_argument("--n-rollouts", type=positive_int, help="with --source steps: the group size to register")
+    replay.add_argument("--max-groups-per-s", type=float, help="rate limit")
+    replay.set_defaults(func=cmd_replay)
 
     demo = sub.add_parser("demo", help="the whole system end to end: agents, gateway, worker, a GRPO trainer")
     demo.add_argument("--bootstrap-servers", help="use this cluster instead of a throw-away embedded broker")

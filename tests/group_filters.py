@@ -8,3 +8,8 @@ def drop_marked(group: ReadyGroup) -> tuple[bool, str]:
     if group.prompt_uid.endswith("-drop"):
         return False, "marked"
     return True, ""
+
+
+def keep_even(group: ReadyGroup) -> tuple[bool, str]:
+    """Keep groups whose prompt_uid ends in an even digit (replay tests re-filter history with it)."""
+    return (int(group.prompt_uid[-1]) % 2 == 0), "odd"
