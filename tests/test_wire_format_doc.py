@@ -55,3 +55,59 @@ def test_documented_decoder_reads_the_steps_inside_a_ready_group():
         uids.append(step["trajectory_uid"])
         pos += length
     assert (prompt_uid, channel, status, uids, pos) == ("p", "train", "complete", ["t0", "t1", "t2"], len(value))
+
+
+BLOCK_TRAJBUS = """
+import sys
+class _NoTrajbus:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("streams", "consumers", "infra", "gateway", "pipelines", "tests"):
+            raise ImportError(f"the subscriber example must not import trajbus ({name})")
+sys.meta_path.insert(0, _NoTrajbus())
+"""
+
+
+def test_the_documented_plain_kafka_subscriber_decodes_steps_and_groups(bootstrap_servers, prefix, start_worker,
+                                                                        tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from pipelines.synthetic import make_groups
+    from streams.producer import StepProducer
+    from tests.helpers import through_worker, wait_for
+
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    helpers = blocks[0].split("value = ...")[0]
+    script = tmp_path / "subscriber.py"
+    script.write_text(BLOCK_TRAJBUS + helpers + blocks[1])
+    sent, stream = make_groups(3, 2, 2, seed=4)
+    through_worker(bootstrap_servers, prefix, start_worker, stream, n_rollouts=2)
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.complete_trajectory("extra-t", sorted(sent)[0], reward=None)  # an end without a reward
+
+    def run() -> list[dict]:
+        out = subprocess.run([sys.executable, str(script), bootstrap_servers, prefix, "train"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return [json.loads(line) for line in out.stdout.splitlines()]
+
+    records = wait_for(lambda: (r := run()) and sum(x["kind"] == "group" for x in r) == 3 and r, 60,
+                       "three groups for the plain subscriber")
+    steps = [r for r in records if r["kind"] == "step"]
+    by_key = {(s.trajectory_uid, s.step_index): s for group in sent.values() for s in group}
+    assert len(steps) == len(stream)
+    for decoded in steps:
+        original = by_key[(decoded["trajectory_uid"], decoded["step_index"])]
+        assert decoded["key"] == original.prompt_uid
+        assert (decoded["prompt_ids"], decoded["response_ids"], decoded["reward"], decoded["is_last"]) == \
+            (original.prompt_ids, original.response_ids, original.reward, original.is_last)
+        assert decoded["rollout_log_probs"] == original.rollout_log_probs
+    [end] = [r for r in records if r["kind"] == "end"]
+    assert end["trajectory_uid"] == "extra-t" and end["reward"] is None
+    groups = {r["prompt_uid"]: r for r in records if r["kind"] == "group"}
+    assert set(groups) == set(sent)
+    for uid, group in groups.items():
+        assert [(s["trajectory_uid"], s["step_index"], s["response_ids"]) for s in group["steps"]] == \
+            sorted((s.trajectory_uid, s.step_index, s.response_ids) for s in sent[uid])
+        assert group["status"] == "complete" and group["n_rollouts"] == 2
