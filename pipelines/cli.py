@@ -208,6 +208,19 @@ def cmd_inference_server(args: argparse.Namespace) -> int:
     return serve_model(forwarded)
 
 
+# -- tail -----------------------------------------------------------------------
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    from consumers.tail import UnknownTopic, tail
+
+    try:
+        tail(resolve_bootstrap_servers(args.bootstrap_servers), args.topic, from_beginning=args.from_beginning,
+             max_records=args.max, as_json=args.json)
+    except UnknownTopic as exc:
+        raise UsageError(str(exc)) from None
+    return 0
+
+
 # -- replay ---------------------------------------------------------------------
 
 def _versions(text: str) -> set[int]:
@@ -329,6 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve_model.add_argument("--host", default="127.0.0.1")
     serve_model.add_argument("--port", type=int, default=8000)
     serve_model.set_defaults(func=cmd_inference_server)
+
+    tail = sub.add_parser("tail", help="print a topic's records live, readable (or --json)")
+    tail.add_argument("topic", help="a full topic name, e.g. trajbus.steps.train")
+    tail.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (HOST:PORT[,HOST:PORT])")
+    tail.add_argument("--from-beginning", action="store_true", help="start at the oldest retained record")
+    tail.add_argument("--max", type=positive_int, help="stop after this many records")
+    tail.add_argument("--json", action="store_true", help="one JSON object per record")
+    tail.set_defaults(func=cmd_tail)
 
     replay = sub.add_parser("replay", help="replay a channel's history (a window, some policy versions)")
     replay.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (HOST:PORT[,HOST:PORT])")
