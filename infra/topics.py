@@ -225,3 +225,43 @@ def end_offsets_of(bootstrap_servers: str, partitions: list[tuple[str, int]], ti
         return {(topic, p): watermarks(probe, TopicPartition(topic, p), timeout)[1] for topic, p in partitions}
     finally:
         probe.close()
+
+
+@dataclass
+class GroupLag:
+    """One consumer group's committed position on one partition, and how far it trails the log end."""
+
+    group_id: str
+    topic: str
+    partition: int
+    committed: int
+    high: int
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.high - self.committed)
+
+
+def consumer_groups_lag(bootstrap_servers: str, topic_prefix: str, timeout: float = 10.0) -> list[GroupLag]:
+    """Every consumer group with commits on topics starting with ``topic_prefix``, per partition."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    admin = admin_client(bootstrap_servers)
+    listing = admin.list_consumer_groups(request_timeout=timeout).result(timeout)
+    group_ids = sorted(g.group_id for g in listing.valid)
+    probe = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "trajbus.lag-probe",
+                      "enable.auto.commit": False, "logger": log})
+    result: list[GroupLag] = []
+    try:
+        for group_id in group_ids:
+            futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id)],
+                                                        request_timeout=timeout)
+            for future in futures.values():
+                for tp in future.result(timeout).topic_partitions or []:
+                    if not tp.topic.startswith(topic_prefix) or tp.offset < 0:
+                        continue
+                    _low, high = watermarks(probe, TopicPartition(tp.topic, tp.partition), timeout)
+                    result.append(GroupLag(group_id, tp.topic, tp.partition, tp.offset, high))
+    finally:
+        probe.close()
+    return sorted(result, key=lambda g: (g.group_id, g.topic, g.partition))

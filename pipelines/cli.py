@@ -16,7 +16,7 @@ from typing import Callable
 from infra.arguments import positive_int
 from infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
 from infra.kafka_broker import BrokerError, EmbeddedKafka
-from infra.topics import describe_topics, ensure_topics
+from infra.topics import consumer_groups_lag, describe_topics, ensure_topics
 from streams.topics import DEFAULT_CHANNELS, DEFAULT_PREFIX, TopicSettings, validate_channel
 
 EXIT_USAGE = 2
@@ -88,6 +88,11 @@ def cmd_topics(args: argparse.Namespace) -> int:
         ends = ",".join(map(str, info.end_offsets))
         configs = " ".join(f"{k}={v}" for k, v in sorted(info.config.items()))
         print(f"{info.name:<{width}}  {info.partitions:>10}  {info.records:>9}  {ends:<20}  {configs}")
+    lags = consumer_groups_lag(servers, f"{settings.prefix}.")
+    if lags:
+        print(f"\n{'consumer group':<36} {'topic':<{width}} {'partition':>9} {'committed':>10} {'end':>8} {'lag':>6}")
+        for g in lags:
+            print(f"{g.group_id:<36} {g.topic:<{width}} {g.partition:>9} {g.committed:>10} {g.high:>8} {g.lag:>6}")
     return 0
 
 

@@ -52,3 +52,20 @@ def test_topics_cli_refuses_a_bad_channel_with_exit_2(bootstrap_servers: str, pr
     result = trajbus("topics", "--bootstrap-servers", bootstrap_servers, "--channels", "Bad Channel")
     assert result.returncode == 2
     assert "channel" in result.stderr and "Bad Channel" in result.stderr
+
+
+def test_topics_cli_shows_each_consumer_groups_lag(bootstrap_servers: str, prefix: str, start_worker):
+    from consumers import BatchConsumer
+    from pipelines.synthetic import make_groups
+    from streams.topics import groups_topic, trainer_group_id
+    from tests.helpers import fetch_groups, through_worker
+
+    _, stream = make_groups(3, 2, 1, seed=2)
+    through_worker(bootstrap_servers, prefix, start_worker, stream, n_rollouts=2)
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix) as trainer:
+        fetch_groups(trainer, 2, timeout=60)
+        trainer.commit()
+    result = trajbus("topics", "--bootstrap-servers", bootstrap_servers, "--prefix", prefix)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith(trainer_group_id("train", prefix))]
+    assert rows == [[trainer_group_id("train", prefix), groups_topic("train", prefix), "0", "2", "3", "1"]]
