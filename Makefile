@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP  := $(VENV)/.installed
 
-.PHONY: install broker demo test bench clean
+.PHONY: install broker browser demo test bench clean
 
 $(STAMP): pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "trajbus needs Python 3.11, found " + sys.version' 
@@ -25,10 +25,16 @@ install: $(STAMP)
 broker: install
 	$(BIN)/trajbus broker install
 
+# Headless Chromium for the dashboard test (Debian's package; root, else sudo).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@command -v chromium >/dev/null 2>&1 || ($(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium)
+
 demo: broker
 	$(BIN)/trajbus demo
 
-test: broker
+test: broker browser
 	$(BIN)/python -m pytest tests
 
 bench: broker

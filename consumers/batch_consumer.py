@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from infra.bootstrap import resolve_bootstrap_servers
 from infra.topics import watermarks
+from consumers import metrics
 from consumers.backends import TrainingBackend, check_group
 from streams import codec
 from streams.dlq import dlq_headers
@@ -95,6 +96,9 @@ class BatchConsumer:
                 continue
             group = None if self._trimmed(message) else self._decode(message)
             if group is not None:
+                metrics.GROUPS.labels(self.channel).inc()
+                metrics.STEPS.labels(self.channel).inc(len(group.steps))
+                metrics.QUEUE_WAIT.labels(self.channel).observe(max(0.0, time.time() - group.ready_at))
                 return group, message.partition(), message.offset()
             if not self._held:  # a skipped record moves the position only if no group waits before it
                 self._positions[message.partition()] = message.offset() + 1
@@ -183,6 +187,7 @@ class BatchConsumer:
             TopicPartition(message.topic(), message.partition()), cached=True)
         if 0 <= message.offset() < low:
             self.trimmed += 1
+            metrics.TRIMMED.labels(self.channel).inc()
             return True
         return False
 

@@ -1,7 +1,7 @@
 """The gateway's HTTP routes: operations, white-box, black-box.
 
 Operations: ``/ready`` (503 with reasons until tokenizer, producer and a
-backend are ready), ``/health``, ``/metrics``, ``/statistics``.
+backend are ready), ``/health``, ``/metrics``, ``/statistics``, ``/dashboard``.
 White-box: ``/generate``, ``/submit_steps?channel=``, ``/compute_reward``.
 Black-box: ``/init_trajectory`` hands out ``base_url`` =
 ``{public url}/{trajectory_uid}/{prompt_uid}/v1``; under it an OpenAI client
@@ -20,13 +20,14 @@ from typing import Any
 from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.backends import BackendError, NoBackendAvailable
 from gateway.chat import ChatCompletions, backend_failure, check_prompt_length
 from gateway.config import GatewaySettings
+from gateway.dashboard import PAGE, DashboardData
 from gateway.errors import GatewayError, bad_request, install_error_handlers
 from gateway.schemas import (ChatCompletionRequest, CompleteTrajectoryRequest, GenerateRequest,
                              InitTrajectoryRequest, RegisterTrajectoryRequest, SubmitStepsRequest)
@@ -123,6 +124,16 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         for backend in service.backends.backends.values():
             service.metrics.backend_up.labels(backend.address).set(1 if backend.healthy else 0)
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    dashboard = DashboardData(service)
+
+    @app.get("/dashboard")
+    async def dashboard_page() -> HTMLResponse:
+        return HTMLResponse(PAGE.read_text())
+
+    @app.get("/dashboard/data")
+    async def dashboard_data() -> dict[str, Any]:
+        return await dashboard.get()
 
     @app.get("/statistics", dependencies=admin)
     async def statistics() -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf"))
 
@@ -27,3 +27,5 @@ class GatewayMetrics:
                                         buckets=LATENCY_BUCKETS, registry=r)
         self.backend_up = Gauge("trajbus_gateway_backend_up", "1 while a backend passes health checks",
                                 ["backend"], registry=r)
+        self.reward = Summary("trajbus_gateway_trajectory_reward", "Rewards of finished trajectories",
+                              ["policy_version"], registry=r)

@@ -44,6 +44,7 @@ class GatewayService:
         self.rewards = RewardScorer(settings.reward_function, settings.reward_worker_name,
                                     settings.ray_address, settings.ray_namespace)
         self.producer: StepProducer | None = None
+        self.bootstrap_servers: str | None = None
         self.policy: PolicyWatcher | None = None
         self.kafka_error: str | None = "connecting to Kafka"
         self.started_at = time.time()
@@ -65,7 +66,7 @@ class GatewayService:
                 producer = StepProducer(servers, prefix=self.settings.prefix)
                 producer.provision(self.settings.default_channel)
                 self.policy = PolicyWatcher(servers, prefix=self.settings.prefix)
-                self.producer, self.kafka_error = producer, None
+                self.producer, self.kafka_error, self.bootstrap_servers = producer, None, servers
                 log.info("kafka producer ready bootstrap=%s prefix=%s", servers, self.settings.prefix)
                 return
             except Exception as exc:  # reported by /ready; retried
@@ -120,6 +121,8 @@ class GatewayService:
             if isinstance(step, Step):
                 self.metrics.tokens.labels("prompt").inc(len(step.prompt_ids))
                 self.metrics.tokens.labels("response").inc(len(step.response_ids))
+                if step.is_last:
+                    self.metrics.reward.labels(str(step.policy_version)).observe(step.reward)
         return count
 
     def policy_version(self, trajectory: Trajectory) -> int:
@@ -203,6 +206,7 @@ class GatewayService:
             raise
         self.store.transition(trajectory.trajectory_uid, COMPLETING, COMPLETED)
         self.metrics.trajectories.labels("completed").inc()
+        self.metrics.reward.labels(str(self.policy_version(trajectory))).observe(reward)
         log.info("trajectory completed trajectory=%s prompt=%s steps=%d reward=%s", trajectory.trajectory_uid,
                  trajectory.prompt_uid, trajectory.published_steps, reward)
         return reward

@@ -1,0 +1,78 @@
+"""``/dashboard``: a live page of what flows (throughput, queue depth, staleness, drops, reward).
+
+The page (``static/dashboard.html``) polls ``/dashboard/data`` every second;
+throughput is measured here, over the last ten seconds, so any viewer sees it at once.
+The numbers come from the gateway's own metrics and from the stream workers'
+snapshots on ``{prefix}.stats`` (read at most once a second, off the event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from streams.stats import read_snapshots, summarize
+
+PAGE = Path(__file__).parent / "static" / "dashboard.html"
+
+
+class DashboardData:
+    def __init__(self, service: Any, max_age: float = 1.0) -> None:
+        self.service = service
+        self.max_age = max_age
+        self._cached: tuple[float, dict[str, Any]] | None = None
+        self._lock = asyncio.Lock()
+        self._samples: deque[tuple[float, float]] = deque(maxlen=120)
+        """(monotonic time, steps published), for the rate over the last seconds."""
+
+    def _rate(self, steps: float) -> float:
+        now = time.monotonic()
+        if not self._samples or now - self._samples[-1][0] >= 0.5:
+            self._samples.append((now, steps))
+        window = [(t, n) for t, n in self._samples if now - t <= 10.0]
+        if len(window) < 2 or window[-1][0] - window[0][0] < 1.0:
+            return 0.0
+        return (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0])
+
+    def _worker_summary(self) -> dict[str, dict[str, Any]]:
+        servers = self.service.bootstrap_servers
+        return summarize(read_snapshots(servers, self.service.settings.prefix, timeout=5.0)) if servers else {}
+
+    async def get(self) -> dict[str, Any]:
+        async with self._lock:
+            if self._cached is None or time.monotonic() - self._cached[0] > self.max_age:
+                workers = await asyncio.to_thread(self._worker_summary)
+                self._cached = (time.monotonic(), workers)
+            workers = self._cached[1]
+        metrics = self.service.metrics
+        steps = sum(s.value for m in metrics.steps.collect() for s in m.samples if s.name.endswith("_total"))
+        rewards: dict[str, dict[str, float]] = {}
+        for metric in metrics.reward.collect():
+            for sample in metric.samples:
+                entry = rewards.setdefault(sample.labels["policy_version"], {"sum": 0.0, "count": 0})
+                if sample.name.endswith("_sum"):
+                    entry["sum"] = sample.value
+                elif sample.name.endswith("_count"):
+                    entry["count"] = int(sample.value)
+        staleness_sum = sum(row.get("group_staleness_sum", 0.0) for row in workers.values())
+        staleness_count = sum(row.get("group_staleness_count", 0.0) for row in workers.values())
+        dropped: dict[str, float] = {}
+        for row in workers.values():
+            for key, value in row.items():
+                if key.startswith("groups_dropped["):
+                    reason = key[len("groups_dropped["):-1]
+                    dropped[reason] = dropped.get(reason, 0) + value
+        return {
+            "time": time.time(), "prefix": self.service.settings.prefix, "steps_published": int(steps),
+            "steps_per_s": round(self._rate(steps), 2),
+            "groups_emitted": int(sum(row.get("groups[emitted]", 0) for row in workers.values())),
+            "queue_depth": int(sum(row.get("queue_depth", 0) for row in workers.values())),
+            "mean_staleness": staleness_sum / staleness_count if staleness_count else None,
+            "dropped": {k: int(v) for k, v in sorted(dropped.items())},
+            "rewards": {v: {"count": r["count"], "mean": r["sum"] / r["count"]}
+                        for v, r in sorted(rewards.items(), key=lambda kv: int(kv[0])) if r["count"]},
+            "channels": sorted(workers),
+        }
