@@ -147,7 +147,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
             changes.setdefault(channel, {})[name] = _setting_value(name, value)
         overrides = {channel: default.replace(**change) for channel, change in changes.items()}
         settings = WorkerSettings(topics=_topic_settings(args), channels=args.channels, default=default,
-                                  overrides=overrides, metrics_port=args.metrics_port)
+                                  overrides=overrides, metrics_port=args.metrics_port,
+                                  metrics_host=args.metrics_host)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     run_worker(settings, args.bootstrap_servers, loglevel=args.faust_loglevel)
@@ -324,7 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="ready groups the trainer may lag before the oldest are dropped")
     rules.add_argument("--channel-setting", type=_channel_setting, action="append", metavar="CHANNEL.SETTING=VALUE",
                        help="override one rule for one channel, e.g. val.n_rollouts=1 (repeatable)")
-    worker.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
+    worker.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on PORT")
+    worker.add_argument("--metrics-host", default="127.0.0.1", help="interface of the metrics server "
+                                                                    "(default: %(default)s; 0.0.0.0 in a container)")
     worker.add_argument("--faust-loglevel", default="WARNING")
     worker.set_defaults(func=cmd_worker)
 

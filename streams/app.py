@@ -523,9 +523,9 @@ class GroupAssembler:
     def start(self) -> None:
         self.policy = PolicyWatcher(self.bootstrap_servers, self.prefix)
         if self.settings.metrics_port is not None:
-            server, _thread = start_http_server(self.settings.metrics_port, addr="127.0.0.1",
+            server, _thread = start_http_server(self.settings.metrics_port, addr=self.settings.metrics_host,
                                                 registry=self.metrics.registry)
-            log.info("metrics on http://127.0.0.1:%d/metrics", server.server_port)
+            log.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, server.server_port)
 
     def stop(self) -> None:
         if self.stats_producer is not None:

@@ -90,6 +90,8 @@ class WorkerSettings:
     """Seconds between statistics snapshots (Kafka topic and Prometheus gauges)."""
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port (0: any free port)."""
+    metrics_host: str = "127.0.0.1"
+    """Interface of the metrics server (0.0.0.0 in a container, for the scraper)."""
     emitted_ttl: float = 24 * 3600.0
     """Seconds an emitted group is remembered: its late events go to the DLQ, not into a new group."""
 

@@ -1,0 +1,87 @@
+"""Deployment files and the Grafana dashboard use only commands, flags, topics and metrics the code has."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.cli import build_parser
+from streams.topics import TopicSettings
+
+INFRA = Path(__file__).resolve().parents[1] / "infra"
+
+
+def parses(args: list[str]) -> None:
+    """The args are a valid `trajbus` command line (argparse exits on an unknown command or flag)."""
+    try:
+        build_parser().parse_args(args)
+    except SystemExit as exc:
+        pytest.fail(f"not a valid trajbus command line: {args} (exit {exc.code})")
+
+
+def test_compose_commands_and_environment_exist_in_the_code():
+    compose = yaml.safe_load((INFRA / "deploy" / "compose.yaml").read_text())
+    trajbus_services = {name: s for name, s in compose["services"].items() if s.get("image") == "trajbus:latest"}
+    assert set(trajbus_services) == {"topics", "worker", "gateway"}
+    for name, service in trajbus_services.items():
+        parses(service["command"])
+        assert set(service["environment"]) == {"TRAJBUS_BOOTSTRAP_SERVERS"}
+    assert compose["services"]["kafka"]["image"] == "apache/kafka:3.9.1"  # the version `trajbus broker` runs
+    assert compose["services"]["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft
+    assert trajbus_services["topics"]["command"][:2] == ["topics", "--create"]
+    assert (INFRA / "deploy" / "Dockerfile").read_text().count('ENTRYPOINT ["trajbus"]') == 1
+
+
+def test_kubernetes_deployments_and_strimzi_topics_match_the_code():
+    documents = [d for f in sorted((INFRA / "deploy" / "k8s").glob("*.yaml"))
+                 for d in yaml.safe_load_all(f.read_text()) if d]
+    deployments = [d for d in documents if d["kind"] == "Deployment"]
+    assert {d["metadata"]["name"] for d in deployments} == {"trajbus-gateway", "trajbus-worker"}
+    for deployment in deployments:
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            parses(container["args"])
+            assert "TRAJBUS_BOOTSTRAP_SERVERS" in {e["name"] for e in container["env"]}
+    gateway = next(d for d in deployments if d["metadata"]["name"] == "trajbus-gateway")
+    probes = gateway["spec"]["template"]["spec"]["containers"][0]
+    assert probes["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert probes["livenessProbe"]["httpGet"]["path"] == "/health"
+
+    topics = {d["spec"]["topicName"]: d["spec"] for d in documents if d["kind"] == "KafkaTopic"}
+    expected = {s.name: s for s in TopicSettings().specs(("train", "val"))}
+    assert set(topics) == set(expected)
+    for name, spec in expected.items():
+        assert topics[name]["partitions"] == spec.partitions, name
+        assert {k: str(v) for k, v in topics[name]["config"].items()} == spec.config, name
+
+
+def registered_metric_names() -> set[str]:
+    """Metric family names (labelled metrics have no samples until used) and sample names."""
+    from prometheus_client import REGISTRY
+
+    import consumers.metrics  # noqa: F401  (registers the trainer-side metrics)
+    from gateway.metrics import GatewayMetrics
+    from streams.stats import WorkerMetrics
+
+    names = set()
+    for registry in (GatewayMetrics().registry, WorkerMetrics().registry, REGISTRY):
+        for metric in registry.collect():
+            names.add(metric.name)
+            names.update(sample.name for sample in metric.samples)
+    return names
+
+
+def test_grafana_dashboard_queries_only_metrics_that_exist():
+    dashboard = json.loads((INFRA / "grafana" / "trajbus-dashboard.json").read_text())
+    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"\btrajbus_[a-z_]+", target["expr"])}
+    known = registered_metric_names()
+    suffixes = ("_bucket", "_sum", "_count", "_total")
+    missing = {q for q in queried
+               if q not in known and not any(q.endswith(s) and q[:-len(s)] in known for s in suffixes)}
+    assert not missing, f"the dashboard queries metrics nobody exports: {sorted(missing)}"
+    prefixes = {name.split("_")[1] for name in queried}
+    assert prefixes == {"gateway", "worker", "groups", "consumer"}, "one scheme: trajbus_<component>_*"
