@@ -137,6 +137,10 @@ class EmbeddedKafka:
 
     # -- paths -------------------------------------------------------------
     @property
+    def label(self) -> str:
+        return f"Apache Kafka {self.version} (KRaft, single node)"
+
+    @property
     def libs_dir(self) -> Path:
         return self.cache_dir / "kafka" / self.version / "libs"
 
@@ -267,11 +271,9 @@ class EmbeddedKafka:
         if fresh and self.data_dir.exists():
             shutil.rmtree(self.data_dir)
         port, controller_port = self._choose_ports()
-        config = self._write_config(port, controller_port)
-        self._format_storage(config)
         with open(self.log_file, "ab") as out:
             process = subprocess.Popen(
-                self._java_command("kafka.Kafka", str(config)),
+                self._server_command(port, controller_port),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,  # outlives `trajbus broker up`; Ctrl-C there does not kill it
             )
@@ -287,6 +289,12 @@ class EmbeddedKafka:
             raise
         log.info("kafka broker ready at %s (pid %d)", state.bootstrap_servers, state.pid)
         return state
+
+    def _server_command(self, port: int, controller_port: int) -> list[str]:
+        """The broker process to launch (its storage formatted first)."""
+        config = self._write_config(port, controller_port)
+        self._format_storage(config)
+        return self._java_command("kafka.Kafka", str(config))
 
     def _wait_ready(self, process: subprocess.Popen, state: BrokerState, timeout: float) -> None:
         """Ready means a real client got cluster metadata back, not that a port opened."""

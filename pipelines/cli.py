@@ -44,28 +44,33 @@ def _topic_settings(args: argparse.Namespace) -> TopicSettings:
 # -- broker ---------------------------------------------------------------------
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    broker = EmbeddedKafka(state_dir=args.state_dir)
+    if args.engine == "tansu":
+        from infra.tansu_broker import TansuBroker
+
+        broker: EmbeddedKafka = TansuBroker(state_dir=args.state_dir)
+    else:
+        broker = EmbeddedKafka(state_dir=args.state_dir)
     if args.action == "install":
-        print(f"kafka {broker.version} jars: {broker.install()}")
+        print(f"{broker.label}: {broker.install()}")
         return 0
     if args.action == "up":
         if not broker.is_installed():
-            print(f"fetching Apache Kafka {broker.version} from Maven Central (once) ...", flush=True)
+            print(f"fetching {broker.label} (once) ...", flush=True)
         running = broker.status()
         if running is None:
-            print(f"starting kafka {broker.version} (KRaft, single node) in {broker.state_dir} ...", flush=True)
+            print(f"starting {broker.label} in {broker.state_dir} ...", flush=True)
         state = broker.start(fresh=args.fresh)
-        print(f"kafka {state.version} running, pid {state.pid}, log {state.log_file}")
+        print(f"{state.version} running, pid {state.pid}, log {state.log_file}")
         print(state.bootstrap_servers)  # the last line is the address, by contract
         return 0
     if args.action == "down":
-        print("kafka broker stopped" if broker.stop() else "kafka broker was not running")
+        print("broker stopped" if broker.stop() else "broker was not running")
         return 0
     state = broker.status()
     if state is None:
-        print(f"kafka broker not running (state dir {broker.state_dir})")
+        print(f"broker not running (state dir {broker.state_dir})")
         return 1
-    print(f"kafka {state.version} running, pid {state.pid}, data {state.data_dir}")
+    print(f"{state.version} running, pid {state.pid}, data {state.data_dir}")
     print(state.bootstrap_servers)
     return 0
 
@@ -302,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--state-dir", help="where the broker keeps data, log and address "
                                             "(default: $TRAJBUS_STATE_DIR or ~/.cache/trajbus/broker)")
     broker.add_argument("--fresh", action="store_true", help="wipe the data directory before starting")
+    broker.add_argument("--engine", choices=["kafka", "tansu"], default="kafka",
+                        help="kafka: Apache Kafka (needs Java); tansu: the pip-only Tansu binary, memory only, "
+                             "no retention, no transactions, no timestamp look-ups (default: %(default)s)")
     broker.set_defaults(func=cmd_broker)
 
     topics = sub.add_parser("topics", help="list (and with --create, provision) trajbus topics")
