@@ -8,6 +8,7 @@ import time
 import pytest
 
 from consumers import BatchConsumer
+from consumers.backends import VerlBackend
 from consumers.replay import Replay, ReplayError
 from infra.topics import consumer_group_lag, delete_records_before
 from pipelines.synthetic import group_steps
@@ -76,6 +77,11 @@ def test_replay_version_2_by_time_window_into_a_new_channel_twice(bootstrap_serv
         assert sorted(g.prompt_uid for g in replay.groups()) == sorted(uids[1] + uids[3])
     with Replay("train", bootstrap_servers, prefix=prefix, start_offset=4, end_offset=8) as replay:
         assert [g.prompt_uid for g in replay.groups()] == emitted_order[4:8]
+    with Replay("train", bootstrap_servers, prefix=prefix, start_time=start, end_time=end,
+                max_groups_per_s=100) as replay:  # straight to a trainer, as DataProto batches
+        batches = list(replay.batches(n_groups=3, backend=VerlBackend(prompt_length=16, response_length=8)))
+    assert [len(b) for b in batches] == [12, 4]  # 4 groups x 2 trajectories x 2 steps, rows per step
+    assert [uid for b in batches for uid in dict.fromkeys(b.non_tensor_batch["uid"])] == expected
 
 
 def test_replay_from_steps_reassembles_under_the_new_channels_settings(bootstrap_servers, prefix, start_worker):
