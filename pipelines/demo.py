@@ -14,6 +14,7 @@ torn down, also on Ctrl-C.
 from __future__ import annotations
 
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -94,6 +95,13 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
     services: list[ServiceProcess] = []
     rollouts: Rollouts | None = None
     started = time.monotonic()
+    interrupted = threading.Event()
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
     try:
         if bootstrap_servers is None:
             broker = EmbeddedKafka(state_dir=workdir / "broker")
@@ -120,16 +128,17 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
         if config.worker.group_filter:
             worker_extra += ["--group-filter", config.worker.group_filter]
         services.append(worker_process(bootstrap_servers, prefix, workdir / "worker.log", channels="train",
-                                       n_rollouts=group_size, extra=worker_extra).start())
+                                       n_rollouts=group_size, extra=worker_extra).start(own_session=True))
         server_port, gateway_port = free_port(), free_port()
-        server = inference_server_process(server_port, workdir / "inference.log", policy_dir).start()
+        server = inference_server_process(server_port, workdir / "inference.log", policy_dir).start(own_session=True)
         services.append(server)
         gateway_extra = ["--prompt-length", str(config.gateway.prompt_length),
                          "--response-length", str(config.gateway.response_length)]
         if config.gateway.reward_function:
             gateway_extra += ["--reward-function", config.gateway.reward_function]
         gateway = gateway_process(bootstrap_servers, prefix, [f"127.0.0.1:{server_port}"], policy_dir, gateway_port,
-                                  workdir / "gateway-state", workdir / "gateway.log", gateway_extra).start()
+                                  workdir / "gateway-state", workdir / "gateway.log",
+                                  gateway_extra).start(own_session=True)
         services.append(gateway)
         server_url, gateway_url = f"http://127.0.0.1:{server_port}", f"http://127.0.0.1:{gateway_port}"
         wait_http(f"{server_url}/health", 180, server)
@@ -186,7 +195,13 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
     except KeyboardInterrupt:
         print("\ninterrupted: tearing down", flush=True)
         return 130
+    except Exception:
+        if interrupted.is_set():  # Ctrl-C surfaced as another error inside a library call
+            print("\ninterrupted: tearing down", flush=True)
+            return 130
+        raise
     finally:
+        signal.signal(signal.SIGINT, previous_handler)
         if rollouts is not None:
             threading.Thread(target=rollouts.stop, daemon=True).start()  # never block teardown on an agent
         for service in reversed(services):

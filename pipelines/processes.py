@@ -22,13 +22,15 @@ class ServiceProcess:
         self.env = env
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> "ServiceProcess":
+    def start(self, own_session: bool = False) -> "ServiceProcess":
+        """``own_session``: a Ctrl-C in the terminal reaches only the parent, which then stops
+        this child in order (the parent's teardown), instead of every process at once."""
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "pipelines.cli", *self.args],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **(self.env or {})},
+                env={**os.environ, **(self.env or {})}, start_new_session=own_session,
             )
         return self
 

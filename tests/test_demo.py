@@ -82,9 +82,11 @@ def test_ctrl_c_tears_everything_down(bootstrap_servers, tmp_path, tiny_model_di
     from tests.helpers import wait_for
 
     path = config(tmp_path, policy_versions=1000)
-    demo = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "demo", "--config", str(path),
-                             "--bootstrap-servers", bootstrap_servers], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    errors = tmp_path / "demo.stderr"
+    with open(errors, "w") as stderr:
+        demo = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "demo", "--config", str(path),
+                                 "--bootstrap-servers", bootstrap_servers], stdout=subprocess.PIPE,
+                                stderr=stderr, text=True, start_new_session=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(demo.stdout), daemon=True)
     reader.start()
@@ -92,7 +94,7 @@ def test_ctrl_c_tears_everything_down(bootstrap_servers, tmp_path, tiny_model_di
         wait_for(lambda: any("policy v1:" in line for line in lines), 300, "the first policy version")
         workdir = re.search(r"logs in (\S+)\)", "".join(lines)).group(1)
         os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
-        assert demo.wait(90) == 130
+        assert demo.wait(90) == 130, errors.read_text()[-3000:]
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
