@@ -21,7 +21,7 @@ import logging
 import sys
 import time
 import uuid
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Iterator
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -54,8 +54,6 @@ def parse_time(text: str) -> float:
     except ValueError:
         raise ReplayError(f"time: {text!r} is neither unix seconds nor an ISO 8601 time") from None
     if moment.tzinfo is None:
-        from datetime import timezone
-
         moment = moment.replace(tzinfo=timezone.utc)
     return moment.timestamp()
 
