@@ -27,7 +27,7 @@ from typing import Any, Iterator
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra.bootstrap import resolve_bootstrap_servers
-from infra.topics import ensure_topics, watermarks
+from infra.topics import ensure_topics, read_partition, watermarks
 from streams import codec
 from streams.producer import StepProducer
 from streams.records import ReadyGroup, Step, TrajectoryEnd
@@ -141,20 +141,7 @@ class Replay:
         return 0
 
     def _read(self, partition: int, start: int, end: int) -> Iterator[Any]:
-        if start >= end:
-            return
-        self._consumer.assign([TopicPartition(self.topic, partition, start)])
-        while True:
-            message = self._consumer.poll(5.0)
-            if message is None:
-                raise RuntimeError(f"no records from {self.topic}[{partition}] at offset {start} within 5 s")
-            if message.error():
-                return  # end of the partition
-            if message.offset() >= end:
-                return
-            yield message
-            if message.offset() >= end - 1:
-                return
+        return read_partition(self._consumer, self.topic, partition, start, end)
 
     @property
     def total(self) -> int:

@@ -38,7 +38,11 @@ log = logging.getLogger("trajbus.gateway")
 
 
 class BodySizeLimit:
-    """413 for request bodies over the cap, declared (Content-Length) or streamed (chunked)."""
+    """413 for request bodies over the cap, declared (Content-Length) or streamed (chunked).
+
+    A chunked body is read here first, up to the cap, then handed on: the
+    framework never sees a body it would have to fail on mid-parse.
+    """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -47,22 +51,25 @@ class BodySizeLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._reject(send)
+        if declared is not None:
+            if declared.isdigit() and int(declared) > self.max_bytes:
+                return await self._reject(send)
+            return await self.app(scope, receive, send)
+        messages: list[Message] = []
         received = 0
-
-        async def limited() -> Message:
-            nonlocal received
+        while True:
             message = await receive()
+            messages.append(message)
             received += len(message.get("body", b""))
             if received > self.max_bytes:
-                raise GatewayError(413, f"request body exceeds {self.max_bytes} bytes", code="request_too_large")
-            return message
+                return await self._reject(send)
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
 
-        try:
-            await self.app(scope, limited, send)
-        except GatewayError:
-            await self._reject(send)
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
 
     async def _reject(self, send: Send) -> None:
         error = GatewayError(413, f"request body exceeds {self.max_bytes} bytes", code="request_too_large")

@@ -117,7 +117,15 @@ class _Call:
             return tool_calls.parse(completion.text)
         return tool_calls.ParsedOutput(completion.text, [])
 
-    async def _publish(self, backend: str, completions: list[Completion]) -> None:
+    @staticmethod
+    def _message(parsed: tool_calls.ParsedOutput) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if parsed.tool_calls:
+            message["tool_calls"] = parsed.tool_calls
+        return message
+
+    async def _publish(self, backend: str, completions: list[Completion],
+                       parsed: list[tool_calls.ParsedOutput]) -> None:
         t = self.trajectory
         version = self.service.policy_version(t)
         steps = [Step(prompt_ids=self.prompt_ids, response_ids=c.token_ids, trajectory_uid=t.trajectory_uid,
@@ -128,11 +136,8 @@ class _Call:
         self.service.metrics.engine_latency.observe(time.monotonic() - self.started)
         await self.service.publish(steps, t.channel, "chat", t.n_rollouts)
         self.published = True
-        parsed = self._parse(completions[0])
-        answer: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-        if parsed.tool_calls:
-            answer["tool_calls"] = parsed.tool_calls
-        self.service.store.record_published(t.trajectory_uid, len(steps), self.messages + [answer], backend)
+        self.service.store.record_published(t.trajectory_uid, len(steps), self.messages + [self._message(parsed[0])],
+                                            backend)
         log.debug("chat step published trajectory=%s step=%d backend=%s", t.trajectory_uid, self.first_step,
                   backend)
 
@@ -149,15 +154,11 @@ class _Call:
             raise backend_failure(exc) from None
         for completion in completions:
             check_logprobs(completion)
-        await self._publish(backend, completions)
-        choices = []
-        for completion in completions:
-            parsed = self._parse(completion)
-            message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-            if parsed.tool_calls:
-                message["tool_calls"] = parsed.tool_calls
-            choices.append({"index": completion.index, "message": message, "logprobs": None,
-                            "finish_reason": "tool_calls" if parsed.tool_calls else completion.finish_reason})
+        parsed = [self._parse(c) for c in completions]
+        await self._publish(backend, completions, parsed)
+        choices = [{"index": c.index, "message": self._message(p), "logprobs": None,
+                    "finish_reason": "tool_calls" if p.tool_calls else c.finish_reason}
+                   for c, p in zip(completions, parsed)]
         return JSONResponse({"id": self.id, "object": "chat.completion", "created": self.created,
                              "model": self.model, "choices": choices, "usage": self._usage(completions)})
 
@@ -189,7 +190,8 @@ class _Call:
             completions = list(choices.values())
             for completion in completions:
                 check_logprobs(completion)
-            await self._publish(backend, completions)
+            parsed = [self._parse(c) for c in completions]
+            await self._publish(backend, completions, parsed)
         except (BackendError, GatewayError) as exc:
             error = backend_failure(exc) if isinstance(exc, BackendError) else exc
             log.warning("chat stream failed trajectory=%s error=%s", self.trajectory.trajectory_uid, error.message)
@@ -199,14 +201,13 @@ class _Call:
         except BaseException:
             self.release()  # client went away or the server is stopping: nothing was published
             raise
-        for choice in completions:
-            parsed = self._parse(choice)
-            if parsed.tool_calls:
-                calls = [{"index": k, **call} for k, call in enumerate(parsed.tool_calls)]
+        for choice, output in zip(completions, parsed):
+            if output.tool_calls:
+                calls = [{"index": k, **call} for k, call in enumerate(output.tool_calls)]
                 yield self._chunk(choice.index, {"tool_calls": calls})
             elif choice.sent < len(choice.text):
                 yield self._chunk(choice.index, {"content": choice.text[choice.sent:]})
-            yield self._chunk(choice.index, {}, "tool_calls" if parsed.tool_calls else choice.finish_reason)
+            yield self._chunk(choice.index, {}, "tool_calls" if output.tool_calls else choice.finish_reason)
         if (self.request.stream_options or {}).get("include_usage"):
             usage = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                      "choices": [], "usage": self._usage(completions)}

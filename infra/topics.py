@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -265,3 +266,22 @@ def consumer_groups_lag(bootstrap_servers: str, topic_prefix: str, timeout: floa
     finally:
         probe.close()
     return sorted(result, key=lambda g: (g.group_id, g.topic, g.partition))
+
+
+def read_partition(consumer: Consumer, topic: str, partition: int, start: int, end: int) -> Iterator[Message]:
+    """Records of one partition with ``start <= offset < end``, in order (fewer where the log has gaps).
+
+    ``consumer`` is assigned to the partition for the read; it needs ``enable.partition.eof``.
+    """
+    if start >= end:
+        return
+    consumer.assign([TopicPartition(topic, partition, start)])
+    while True:
+        message = consumer.poll(5.0)
+        if message is None:
+            raise RuntimeError(f"no records from {topic}[{partition}] at {start}..{end - 1} within 5 s")
+        if message.error() or message.offset() >= end:
+            return  # end of the partition, or past the range
+        yield message
+        if message.offset() >= end - 1:
+            return

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import faust
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer
 from prometheus_client import start_http_server
 
-from infra.topics import consumer_group_lag, delete_records_before, describe_topics, end_offsets_of
+from infra.topics import consumer_group_lag, delete_records_before, describe_topics, end_offsets_of, read_partition
 from streams import codec
 from streams.assembly import Outcome, PendingGroup
 from streams.dlq import dlq_headers
@@ -106,24 +106,11 @@ def read_range(bootstrap_servers: str, topic: str, partition: int, start: int, e
     """Records of one partition with ``start <= offset < end`` (fewer where the log has gaps)."""
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "trajbus.read-range",
                          "enable.auto.commit": False, "enable.partition.eof": True, "logger": log})
-    records: list[SourceRecord] = []
     try:
-        consumer.assign([TopicPartition(topic, partition, start)])
-        while True:
-            message = consumer.poll(5.0)
-            if message is None:
-                raise RuntimeError(f"no records from {topic}[{partition}] at {start}..{end - 1} within 5 s")
-            if message.error():
-                break  # end of partition
-            if message.offset() >= end:
-                break
-            records.append(SourceRecord(topic, partition, message.offset(), message.key(), message.value(),
-                                        list(message.headers() or [])))
-            if message.offset() == end - 1:
-                break
+        return [SourceRecord(topic, partition, m.offset(), m.key(), m.value(), list(m.headers() or []))
+                for m in read_partition(consumer, topic, partition, start, end)]
     finally:
         consumer.close()
-    return records
 
 
 class PartitionKeyedTable(faust.Table):

@@ -218,6 +218,8 @@ def test_bad_input_is_refused_with_openai_errors_and_nothing_is_published(
         assert error["message"], what
         if param is not None:
             assert error["param"] == param, (what, error)
+    chunked = httpx.post(chat, content=(b"x" * 50_000 for _ in range(3)), headers={"content-type": "application/json"})
+    assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large", chunked.text
     too_long = httpx.post(chat, json={"messages": [{"role": "user", "content": "What is 3 + 4? " * 200}]})
     assert too_long.json()["error"]["code"] == "context_length_exceeded"
 
