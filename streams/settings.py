@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -105,7 +106,15 @@ class WorkerSettings:
 
     @property
     def app_id(self) -> str:
-        return f"{self.topics.prefix}-worker"
+        """The Faust app id, hence the consumer group and the table's changelog topic.
+
+        It names the channel set: workers share partitions only with workers of the same
+        channels (a worker handed a partition of a channel it does not serve would stall it).
+        """
+        channels = ".".join(sorted(self.channels))
+        if len(channels) > 100:
+            channels = hashlib.sha1(channels.encode()).hexdigest()[:12]
+        return f"{self.topics.prefix}-worker-{channels}"
 
     def channel(self, channel: str) -> ChannelSettings:
         return self.overrides.get(channel, self.default)
