@@ -233,6 +233,7 @@ class BatchConsumer:
         self._consumer.close()
         if self._dlq is not None:
             self._dlq.flush(30)
+            self._dlq.close()
 
     def __enter__(self) -> "BatchConsumer":
         return self

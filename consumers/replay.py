@@ -209,16 +209,19 @@ class Replay:
                              "compression.type": "lz4", "linger.ms": 5, "logger": log})
         errors: list = []
         written = 0
-        for group in self.groups():
-            group = dataclasses.replace(group, channel=target)
-            producer.produce(groups_topic(target, self.prefix), key=group.prompt_uid.encode(),
-                             value=codec.encode(group),
-                             headers=codec.headers_for(group) + [(REPLAYED_FROM, self.topic.encode())],
-                             on_delivery=lambda error, _m: errors.append(error) if error else None)
-            producer.poll(0)
-            written += 1
-        if producer.flush(60) or errors:
-            raise RuntimeError(f"replay into {target}: {len(errors) or 'some'} records not acknowledged")
+        try:
+            for group in self.groups():
+                group = dataclasses.replace(group, channel=target)
+                producer.produce(groups_topic(target, self.prefix), key=group.prompt_uid.encode(),
+                                 value=codec.encode(group),
+                                 headers=codec.headers_for(group) + [(REPLAYED_FROM, self.topic.encode())],
+                                 on_delivery=lambda error, _m: errors.append(error) if error else None)
+                producer.poll(0)
+                written += 1
+            if producer.flush(60) or errors:
+                raise RuntimeError(f"replay into {target}: {len(errors) or 'some'} records not acknowledged")
+        finally:
+            producer.close()
         return written
 
     def _steps_into(self, target: str, n_rollouts: int | None) -> int:

@@ -36,6 +36,7 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
 from typing import Any, Callable
 
 import faust
@@ -150,6 +151,7 @@ class GroupAssembler:
         self.last_event_at: dict[tuple[str, int], float] = {}
         self.policy: PolicyWatcher | None = None
         self.stats_producer: Producer | None = None
+        self.metrics_server: WSGIServer | None = None
         self._last_expiry = 0.0
         self._last_stats = 0.0
 
@@ -510,16 +512,23 @@ class GroupAssembler:
     def start(self) -> None:
         self.policy = PolicyWatcher(self.bootstrap_servers, self.prefix)
         if self.settings.metrics_port is not None:
-            server, _thread = start_http_server(self.settings.metrics_port, addr=self.settings.metrics_host,
-                                                registry=self.metrics.registry)
-            log.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, server.server_port)
+            self.metrics_server, _thread = start_http_server(
+                self.settings.metrics_port, addr=self.settings.metrics_host, registry=self.metrics.registry)
+            log.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, self.metrics_server.server_port)
 
     def stop(self) -> None:
+        """Last statistics out, then every client and server this assembler started is closed."""
         if self.stats_producer is not None:
             self.publish_stats()
             self.stats_producer.flush(10)
+            self.stats_producer.close()
+            self.stats_producer = None
         if self.policy is not None:
             self.policy.close()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
+            self.metrics_server = None
 
 
 def build_app(bootstrap_servers: str, settings: WorkerSettings) -> tuple[faust.App, GroupAssembler]:

@@ -90,6 +90,7 @@ class StepProducer:
         self.provision_topics = provision_topics
         self._provisioned: set[str] = set()
         self._provision_lock = threading.Lock()
+        self._closed = False
         self._producer = Producer({
             "bootstrap.servers": self.bootstrap_servers,
             "logger": log,  # librdkafka logs as structured Python log lines, not raw stderr
@@ -171,9 +172,16 @@ class StepProducer:
         self._publish(self._topic(channel), [end])
 
     def close(self) -> None:
+        """Deliver what is queued, then free the client (its threads end here, not at exit).
+        Records still undelivered were never acknowledged to a caller: they are purged."""
+        if self._closed:
+            return
+        self._closed = True
         remaining = self._producer.flush(self.timeout)
         if remaining:
             log.warning("producer closed with %d undelivered records", remaining)
+            self._producer.purge()
+        self._producer.close()
 
     def __enter__(self) -> "StepProducer":
         return self
