@@ -17,6 +17,7 @@ import logging
 import math
 from typing import Any, Callable
 
+from infra import ray_exit
 from streams.settings import import_dotted
 
 log = logging.getLogger("trajbus.gateway")
@@ -47,8 +48,8 @@ class RewardScorer:
             import ray
 
             if not ray.is_initialized():
-                ray.init(address=self.ray_address or "auto", namespace=self.ray_namespace,
-                         ignore_reinit_error=True, log_to_driver=False)
+                ray_exit.connect(address=self.ray_address or "auto", namespace=self.ray_namespace,
+                                 ignore_reinit_error=True, log_to_driver=False)
             self._actor = ray.get_actor(self.worker_name, namespace=self.ray_namespace)
         return self._actor
 
@@ -60,7 +61,8 @@ class RewardScorer:
                 value = await asyncio.to_thread(self._function, trajectory)
         elif self.worker_name is not None:
             try:
-                actor = await asyncio.to_thread(self._ray_actor)
+                with ray_exit.keep_signal_handlers():  # on the event loop's (main) thread: uvicorn's stay
+                    actor = await asyncio.to_thread(self._ray_actor)
             except Exception as exc:
                 raise RewardUnavailable(f"reward worker {self.worker_name!r} unreachable: {exc}") from exc
             value = await actor.compute_reward.remote(trajectory)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from gateway.config import GatewaySettings, add_gateway_arguments, settings_from_args
+from infra import ray_exit
+from infra.logs import configure_logging
 
 EXIT_USAGE = 2
 
@@ -24,7 +25,7 @@ def serve(settings: GatewaySettings) -> int:
         return EXIT_USAGE
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=10)
-    return 0
+    return ray_exit.exit_process(0)  # a reward worker on Ray: end without Ray's crash at exit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +33,5 @@ def main(argv: list[str] | None = None) -> int:
     add_gateway_arguments(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per backend call is noise
+    configure_logging(args.verbose)
     return serve(settings_from_args(args))

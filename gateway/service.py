@@ -82,6 +82,7 @@ class GatewayService:
         if self.producer is not None:
             await asyncio.to_thread(self.producer.close)
         self.store.close()
+        log.info("gateway stopped: producer flushed, trajectory state closed")
 
     def readiness(self) -> list[str]:
         """What is not ready yet; empty when the gateway can serve every endpoint."""
