@@ -346,7 +346,7 @@ class GroupAssembler:
             (SOURCE_PARTITION, str(partition).encode()), (SOURCE_OFFSET, str(group.last_offset).encode()),
         ]
         sent = await self.outputs[group.channel].send(key=ready.prompt_uid.encode(), value=codec.encode(ready),
-                                                      headers=headers)
+                                                      headers=headers, timestamp=ready.ready_at)
         metadata = await sent  # the broker's acknowledgement, before the table says "emitted"
         self.metrics.groups.labels(group.channel, "emitted").inc()
         log.info("group emitted channel=%s prompt_uid=%s status=%s trajectories=%d steps=%d offset=%d",

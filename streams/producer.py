@@ -125,8 +125,11 @@ class StepProducer:
             payload = codec.encode(record)
             while True:
                 try:
+                    # The record's timestamp is the event's creation time, so a replay by
+                    # time window selects the events created in it, whenever they were sent.
                     self._producer.produce(topic, key=record.prompt_uid.encode(), value=payload,
-                                           headers=codec.headers_for(record), on_delivery=acks)
+                                           headers=codec.headers_for(record), on_delivery=acks,
+                                           timestamp=int(record.created_at * 1000))
                     break
                 except BufferError:  # local queue full: serve delivery reports, then retry
                     self._producer.poll(0.05)
