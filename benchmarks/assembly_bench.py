@@ -117,7 +117,8 @@ def main(n_groups: int = 400, n_latency: int = 100) -> dict:
         values = [(s.prompt_uid.encode(), codec.encode(s)) for s in steps]
         raw_s = raw_round_trip(bootstrap, values, partitions=8)
 
-        StepProducer(bootstrap, prefix=prefix).provision("train")
+        with StepProducer(bootstrap, prefix=prefix) as producer:
+            producer.provision("train")
         worker = worker_process(bootstrap, prefix, workdir / "worker.log", n_rollouts=4).start()
         assembled_round_trip(bootstrap, prefix, make_groups(8, 4, 3, seed=9, tag="warm")[1], 8)  # warm-up
         assembled_s = assembled_round_trip(bootstrap, prefix, steps, n_groups)

@@ -8,7 +8,6 @@ Bad input is one line on stderr and exit code 2; a failure at run time is exit 1
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from typing import Callable
@@ -16,6 +15,7 @@ from typing import Callable
 from infra.arguments import positive_int
 from infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
 from infra.kafka_broker import BrokerError, EmbeddedKafka
+from infra.logs import configure_logging
 from infra.topics import consumer_groups_lag, describe_topics, ensure_topics
 from streams.topics import DEFAULT_CHANNELS, DEFAULT_PREFIX, TopicSettings, validate_channel
 
@@ -393,9 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per HTTP call drowns what matters
+    configure_logging(args.verbose)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -7,7 +7,7 @@ Env managers roll out black-box agents (official ``openai`` client on a
 math and calculator environments; a trainer fetches ``DataProto`` batches,
 takes a GRPO step with verl on the tiny model, saves it, has the inference
 server load the new weights and publishes the next policy version. Progress is
-printed as it goes; the end is a summary table and an SVG plot; everything is
+printed as it goes; the end is a summary table and a plot (PNG and SVG); everything is
 torn down, also on Ctrl-C.
 """
 
@@ -29,6 +29,7 @@ from consumers import BatchConsumer
 from consumers.backends import VerlBackend
 from infra import tiny_model
 from infra.kafka_broker import EmbeddedKafka
+from infra.logs import log_to_file
 from pipelines.agents import BlackBoxAgent, WhiteBoxAgent
 from pipelines.demo_config import DemoConfig, load_demo_config
 from pipelines.env_manager import EnvConfig, EnvManager, EpisodeScheduler
@@ -91,6 +92,7 @@ class Rollouts:
 def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = None) -> int:
     config = config or load_demo_config()
     workdir = Path(tempfile.mkdtemp(prefix="trajbus-demo-"))
+    log_to_file(workdir / "demo.log")  # the terminal shows the demo's progress, not its libraries
     broker: EmbeddedKafka | None = None
     services: list[ServiceProcess] = []
     rollouts: Rollouts | None = None
@@ -114,7 +116,8 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
         policy_dir = workdir / "policy"
         shutil.copytree(tiny_model.build(), policy_dir)
         version = [0]
-        StepProducer(bootstrap_servers, prefix=prefix).provision("train")
+        with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+            producer.provision("train")
         publisher = PolicyVersionPublisher(bootstrap_servers, prefix=prefix)
         publisher.publish(0)
 
@@ -143,7 +146,7 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
         server_url, gateway_url = f"http://127.0.0.1:{server_port}", f"http://127.0.0.1:{gateway_port}"
         wait_http(f"{server_url}/health", 180, server)
         wait_http(f"{gateway_url}/ready", 180, gateway)
-        say(3, f"gateway ready at {gateway_url} (logs in {workdir})")
+        say(3, f"gateway ready at {gateway_url} (logs in {workdir}: demo.log and one per service)")
 
         rollouts = Rollouts(config, gateway_url, policy_dir, version)
         say(4, f"rolling out: {len(rollouts.managers)} env managers in {len(config.rollout.env_groups)} groups")
@@ -189,8 +192,8 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
         drops = drops_from_stats(summarize(read_snapshots(bootstrap_servers, prefix)), "train")
         print()
         print(summary_table(records, rewards_by_rollout_version, drops, time.monotonic() - started))
-        plot = write_plot(records, config.report)
-        print(f"\nplot of reward and throughput per version: {plot.resolve()}")
+        plots = write_plot(records, config.report)
+        print("\nplot of reward and throughput per version: " + ", ".join(str(p.resolve()) for p in plots))
         return 0
     except KeyboardInterrupt:
         print("\ninterrupted: tearing down", flush=True)

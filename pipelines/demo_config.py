@@ -67,7 +67,7 @@ class DemoConfig:
     trainer: Trainer = field(default_factory=Trainer)
     worker: Worker = field(default_factory=Worker)
     gateway: Gateway = field(default_factory=Gateway)
-    report: Path = Path("demo-report.svg")
+    report: Path = Path("demo-report.png")
 
 
 def _section(cls: type, data: Any, where: str) -> Any:

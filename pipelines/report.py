@@ -1,8 +1,4 @@
-"""What the demo prints and draws: a summary table, and reward/throughput per policy version as SVG.
-
-The plot is plain SVG written by hand: a browser opens it, and no plotting
-library is needed.
-"""
+"""What the demo prints and draws: a summary table, and reward/throughput per policy version (matplotlib)."""
 
 from __future__ import annotations
 
@@ -49,41 +45,33 @@ def summary_table(records: list[VersionRecord], rewards_by_rollout_version: dict
     return "\n".join(lines)
 
 
-def _polyline(values: list[float], left: float, top: float, width: float, height: float) -> tuple[str, float, float]:
-    low, high = min(values), max(values)
-    span = (high - low) or 1.0
-    step = width / max(1, len(values) - 1)
-    points = " ".join(f"{left + i * step:.1f},{top + height - (v - low) / span * height:.1f}"
-                      for i, v in enumerate(values))
-    return points, low, high
+def write_plot(records: list[VersionRecord], path: Path) -> list[Path]:
+    """Two panels, x = policy version: mean batch reward, and trainer throughput (tokens/s).
 
+    Saved as PNG (for the terminal user and the README) and SVG (for a browser), next to ``path``.
+    """
+    import matplotlib
 
-def write_plot(records: list[VersionRecord], path: Path) -> Path:
-    """Two panels, x = policy version: mean batch reward, and trainer throughput (tokens/s)."""
-    panels: list[tuple[str, list[float], str]] = [
-        ("mean reward of the batch", [r.reward for r in records], "#1f77b4"),
-        ("throughput (tokens/s)", [r.tokens_per_s for r in records], "#d62728"),
-    ]
-    width, height, margin = 360, 220, 40
-    parts: list[str] = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * width}" height="{height + 30}" '
-                        f'font-family="sans-serif" font-size="12">']
-    for index, (title, values, colour) in enumerate(panels):
-        left = index * width + margin
-        points, low, high = _polyline(values, left, 30, width - 2 * margin, height - 2 * margin)
-        parts.append(f'<text x="{left}" y="18" font-weight="bold">{title}</text>')
-        parts.append(f'<rect x="{left}" y="30" width="{width - 2 * margin}" height="{height - 2 * margin}" '
-                     f'fill="none" stroke="#ccc"/>')
-        parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
-        for point, record in zip(points.split(), records):
-            x, y = point.split(",")
-            parts.append(f'<circle cx="{x}" cy="{y}" r="3" fill="{colour}"/>')
-            parts.append(f'<text x="{x}" y="{height - margin + 45}" text-anchor="middle">v{record.version}</text>')
-        parts.append(f'<text x="{left - 4}" y="34" text-anchor="end">{high:.3g}</text>')
-        parts.append(f'<text x="{left - 4}" y="{height - margin + 30}" text-anchor="end">{low:.3g}</text>')
-    parts.append("</svg>")
+    matplotlib.use("Agg")  # files only: never a window, never a display
+    matplotlib.rcParams["svg.fonttype"] = "none"  # SVG text stays text (searchable, selectable)
+    from matplotlib import pyplot
+
+    versions = [r.version for r in records]
+    figure, (reward, throughput) = pyplot.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
+    for axes, values, title, ylabel, colour in (
+            (reward, [r.reward for r in records], "mean reward of the batch", "reward", "tab:blue"),
+            (throughput, [r.tokens_per_s for r in records], "trainer throughput", "tokens/s", "tab:red")):
+        axes.plot(versions, values, marker="o", color=colour, gid=ylabel)  # gid: the SVG element's id
+        axes.set(title=title, xlabel="policy version", ylabel=ylabel, xticks=versions)
+        axes.grid(alpha=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(parts))
-    return path
+    written = []
+    for suffix in (".png", ".svg"):
+        target = path.with_suffix(suffix)
+        figure.savefig(target, dpi=120)
+        written.append(target)
+    pyplot.close(figure)
+    return written
 
 
 def drops_from_stats(summary: dict[str, dict[str, Any]], channel: str) -> dict[str, float]:
