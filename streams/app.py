@@ -36,6 +36,7 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 from typing import Any, Callable
 
@@ -531,12 +532,13 @@ class GroupAssembler:
             self.metrics_server = None
 
 
-def build_app(bootstrap_servers: str, settings: WorkerSettings) -> tuple[faust.App, GroupAssembler]:
+def build_app(bootstrap_servers: str, settings: WorkerSettings, datadir: Path) -> tuple[faust.App, GroupAssembler]:
     """A Faust app wired for ``settings``; run it with ``streams.worker.run_worker``."""
     app = faust.App(
         settings.app_id,
         broker=_broker_urls(bootstrap_servers),
         store="memory://",  # tables are rebuilt from their changelog topics on start
+        datadir=str(datadir),  # Faust's local files; nothing in them outlives the process
         topic_partitions=settings.topics.steps_partitions,
         topic_replication_factor=settings.topics.replication_factor,
         topic_disable_leader=True,
