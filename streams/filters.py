@@ -61,10 +61,10 @@ def judge(group: ReadyGroup, settings: ChannelSettings, current_version: int | N
     if custom is not None:
         try:
             result = custom(group)
+            keep, reason = result if isinstance(result, tuple) else (bool(result), None)  # a bad tuple too
         except Exception as exc:  # noqa: BLE001 - a user's filter must not stop the worker
             log.exception("group filter %s failed on %s", settings.group_filter, group.prompt_uid)
             return Verdict(False, f"{DROP_FILTER_ERROR}: {type(exc).__name__}", staleness)
-        keep, reason = result if isinstance(result, tuple) else (bool(result), None)
         if not keep:
             return Verdict(False, f"{DROP_FILTERED}: {reason}" if reason else DROP_FILTERED, staleness)
     return Verdict(True, None, staleness)

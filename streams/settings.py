@@ -59,7 +59,7 @@ class ChannelSettings:
         if self.stale_action not in STALE_ACTIONS:
             raise ValueError(f"stale_action: must be one of {STALE_ACTIONS}, got {self.stale_action!r}")
         if self.group_timeout is not None and not (
-                isinstance(self.group_timeout, (int, float)) and self.group_timeout > 0):
+                type(self.group_timeout) in (int, float) and self.group_timeout > 0):
             raise ValueError(f"group_timeout: must be a positive number of seconds, got {self.group_timeout!r}")
         if self.group_filter is not None:
             self.load_group_filter()  # fail at start-up, not at the first ready group
@@ -97,7 +97,9 @@ class WorkerSettings:
     """Seconds an emitted group is remembered: its late events go to the DLQ, not into a new group."""
 
     def __post_init__(self) -> None:
-        self.channels = tuple(validate_channel(c) for c in self.channels)
+        if isinstance(self.channels, str):
+            raise ValueError(f"channels: a sequence of channel names, not the string {self.channels!r}")
+        self.channels = tuple(dict.fromkeys(validate_channel(c) for c in self.channels))  # once each
         if not self.channels:
             raise ValueError("channels: at least one channel is needed")
         for channel in self.overrides:
