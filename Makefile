@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP  := $(VENV)/.installed
 
-.PHONY: install broker browser demo test bench clean
+.PHONY: install broker browser demo test test-unit bench clean
 
 $(STAMP): pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "trajbus needs Python 3.11, found " + sys.version' 
@@ -36,6 +36,10 @@ demo: broker
 
 test: broker browser
 	$(BIN)/python -m pytest tests
+
+# The unit layer alone: pure rules, no broker, no subprocess; seconds.
+test-unit: install
+	$(BIN)/python -m pytest tests/unit
 
 bench: broker
 	$(BIN)/python -m benchmarks

@@ -85,6 +85,23 @@ def fetch_groups(consumer: BatchConsumer, count: int, timeout: float) -> list[Re
     return groups
 
 
+def settle_workers(bootstrap_servers: str, prefix: str, workers: list, channels: tuple[str, ...] = ("train",),
+                   timeout: float = 60.0) -> None:
+    """Wait until the workers' consumer group has committed every step, then stop them gracefully:
+    whatever the groups topics hold afterwards is all they will ever emit (a known end, no sleeping)."""
+    from infra.topics import consumer_group_lag
+    from streams.settings import WorkerSettings
+    from streams.topics import TopicSettings, steps_topic
+
+    group_id = WorkerSettings(topics=TopicSettings(prefix=prefix), channels=channels).app_id
+    for channel in channels:
+        topic = steps_topic(channel, prefix)
+        wait_for(lambda: all(p.lag == 0 for p in consumer_group_lag(bootstrap_servers, group_id, topic)),
+                 timeout, f"the workers to commit every step of {topic}")
+    for worker in workers:
+        assert worker.stop() == 0, f"the worker did not stop cleanly:\n{worker.log_tail()}"
+
+
 def assert_exactly_the_groups_sent(groups: list[ReadyGroup], sent: dict[str, list[Step]]) -> None:
     """Every sent group once, each complete with its steps in (trajectory_uid, step_index) order."""
     uids = [g.prompt_uid for g in groups]

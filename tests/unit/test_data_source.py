@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 
-import pandas
 import pytest
 
 from pipelines.data_source import DataSourceArgs, RolloutDataSource, RolloutDataSourceWithBuffer, Sample
@@ -106,18 +105,6 @@ def test_save_and_load_mid_epoch_with_buffer_continues_exactly(prompts, tmp_path
     assert run(resumed, [2, 3, 4]) == uninterrupted
     assert uninterrupted[0][0][2] == "aborted", "the restored buffer is served first"
     assert not RolloutDataSourceWithBuffer(args(prompts, **settings)).load(rollout_id=99)
-
-
-def test_parquet_chat_template_and_prompt_length_limit(tmp_path, tiny_model_dir):
-    path = tmp_path / "prompts.parquet"
-    pandas.DataFrame({"question": ["What is 1 + 2?", "What is 3 + 4? " * 40], "answer": ["3", "7"]}).to_parquet(path)
-    source = RolloutDataSource(DataSourceArgs(prompt_data=str(path), input_key="question", label_key="answer",
-                                              apply_chat_template=True, tokenizer_path=str(tiny_model_dir),
-                                              rollout_max_prompt_len=64))
-    assert source.dataset.dropped_too_long == 1
-    [[sample]] = source.get_samples(1)
-    assert sample.prompt == "<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n"
-    assert sample.label == "3"
 
 
 def test_bad_dataset_input_names_the_problem(prompts, tmp_path):

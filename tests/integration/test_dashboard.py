@@ -13,7 +13,7 @@ import httpx
 from streams.producer import StepProducer
 from tests.helpers import wait_for
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
@@ -34,7 +34,8 @@ def shown(url: str) -> dict[str, str]:
 def test_dashboard_numbers_move_while_groups_flow(bootstrap_servers, prefix, inference_server, start_gateway,
                                                   start_worker):
     gateway, _ = start_gateway([inference_server])
-    StepProducer(bootstrap_servers, prefix=prefix).provision("train")
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("train")
     start_worker(n_rollouts=2)
     stop = threading.Event()
 

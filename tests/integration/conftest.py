@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
+from infra import ray_exit
 from infra.bootstrap import ENV_VAR
 from infra.kafka_broker import EmbeddedKafka
 from pipelines.processes import (ServiceProcess, free_port, gateway_process, inference_server_process, wait_http,
@@ -105,3 +106,30 @@ def start_gateway(bootstrap_servers: str, prefix: str, tiny_model_dir: Path, tmp
     yield start
     for gateway in gateways:
         gateway.stop()
+
+
+@pytest.fixture
+def local_ray(prefix: str) -> Iterator[Any]:
+    """A local Ray cluster for one test, this process its driver (namespace: the test's prefix;
+    ``tests`` importable by its workers); shut down after the test."""
+    ray_exit.connect(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace=prefix,
+                     runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}})
+    import ray
+
+    yield ray
+    ray.shutdown()
+
+
+EXIT_STATUS = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[EXIT_STATUS] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """After the report: a session that drove Ray ends through ``infra.ray_exit`` (Ray's gRPC
+    threads outlive ``ray.shutdown()`` and can crash the interpreter's exit)."""
+    ray_exit.exit_process(config.stash.get(EXIT_STATUS, 0))

@@ -19,20 +19,11 @@ from pipelines.global_dataset import (GlobalDataset, GlobalDatasetManager, globa
 from streams.producer import StepProducer
 from tests.helpers import fetch_groups, wait_for
 
-MATH = Path(__file__).resolve().parents[1] / "pipelines" / "data" / "math.jsonl"
+MATH = Path(__file__).resolve().parents[2] / "pipelines" / "data" / "math.jsonl"
 
 
-@pytest.fixture
-def ray_namespace(prefix):
-    import ray
-
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, namespace=prefix)
-    yield prefix
-    ray.shutdown()
-
-
-def test_named_global_datasets_sample_traverse_and_reset(ray_namespace):
-    import ray
+def test_named_global_datasets_sample_traverse_and_reset(local_ray, prefix):
+    ray, ray_namespace = local_ray, prefix
 
     train = global_dataset_actor("train_math", MATH, "sample", namespace=ray_namespace)
     again = global_dataset_actor("train_math", MATH, "sample", namespace=ray_namespace)  # get_if_exists
@@ -57,22 +48,14 @@ def test_named_global_datasets_sample_traverse_and_reset(ray_namespace):
         GlobalDataset(MATH, mode="shuffle")
 
 
-def test_scheduler_gives_every_env_of_a_group_the_same_episodes_then_none():
-    scheduler = EpisodeScheduler(episodes_per_group=3)
-    assert [scheduler.get_episode_id(0, env) for env in (0, 1) for _ in range(4)] == [0, 1, 2, None] * 2
-    scheduler = EpisodeScheduler()
-    assert scheduler.get_episode_id(5, 0) == 0
-    scheduler.stop()
-    assert scheduler.get_episode_id(5, 0) is None
-
-
 def test_rollout_loops_submit_each_episode_once_into_trajbus(
         bootstrap_servers, prefix, inference_server, start_gateway, start_worker, tiny_model_dir, tmp_path):
     products = tmp_path / "products.jsonl"
     products.write_text("".join(json.dumps({"prompt": f"What is {a} * {b}?", "label": str(a * b)}) + "\n"
                                 for a, b in PRODUCTS))
     gateway, _ = start_gateway([inference_server])
-    StepProducer(bootstrap_servers, prefix=prefix).provision("train")
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("train")
     start_worker(n_rollouts=8)
     scheduler = EpisodeScheduler(episodes_per_group=2)
     greedy = {"temperature": 0.0, "max_tokens": 40}
@@ -117,7 +100,8 @@ def test_validation_pass_traverses_the_whole_set_each_time(
     val.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "label": str(i + 1)}) + "\n"
                            for i in range(5)))
     gateway, _ = start_gateway([inference_server])
-    StepProducer(bootstrap_servers, prefix=prefix).provision("val")
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("val")
     start_worker(channels="val")
     dataset, datasets = GlobalDataset(val, mode="traversal"), GlobalDatasetManager()
     datasets.register("val", dataset)

@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 from consumers import BatchConsumer
 from pipelines.processes import worker_process
 from streams import codec
-from streams.dlq import REASON
+from streams.dlq import REASON, SOURCE_TOPIC
 from streams.policy import PolicyVersionPublisher
 from streams.producer import StepProducer
 from streams.records import ReadyGroup, Step
@@ -74,14 +74,19 @@ def a_group(uid: str, rewards: list[float], version: int = 0, n_steps: int = 1) 
 
 
 def only_group(bootstrap_servers: str, prefix: str, channel: str, timeout: float = 60) -> ReadyGroup:
+    """The channel's one group, and nothing else up to the topic's end. Call it once the worker
+    has decided on every other group of the channel (their drops counted)."""
     with BatchConsumer(channel, bootstrap_servers, prefix=prefix) as consumer:
         group = fetch_groups(consumer, 1, timeout)[0]
-        assert consumer.fetch_group(timeout=2.0) is None
+        assert consumer.drain() == [], f"{channel}: a second group arrived"
     return group
 
 
-def dlq_reasons(bootstrap_servers: str, prefix: str) -> list[str]:
-    return [dict(m.headers())[REASON].decode() for m in read_to_end(bootstrap_servers, dlq_topic(prefix))]
+def dlq_reasons(bootstrap_servers: str, prefix: str, channel: str) -> list[str]:
+    """Dead-letter reasons of the records that came from ``channel``'s steps topic (each test has its own)."""
+    source = steps_topic(channel, prefix).encode()
+    return [dict(m.headers())[REASON].decode() for m in read_to_end(bootstrap_servers, dlq_topic(prefix))
+            if dict(m.headers())[SOURCE_TOPIC] == source]
 
 
 def test_stale_groups_are_dropped_and_counted(bootstrap_servers, rules):
@@ -91,10 +96,10 @@ def test_stale_groups_are_dropped_and_counted(bootstrap_servers, rules):
              "the worker to see policy version 5")
     producer.submit_steps(a_group("old", [0.0, 1.0], version=3), channel="stale")  # 2 behind: dropped
     producer.submit_steps(a_group("fresh", [0.0, 1.0], version=4), channel="stale")  # 1 behind: kept
-    group = only_group(bootstrap_servers, prefix, "stale")
-    assert group.prompt_uid == "fresh" and group.metadata["staleness"] == 1
     row = wait_for(lambda: (r := stats(bootstrap_servers, prefix, "stale")).get("groups_dropped[stale]") and r,
                    30, "the stale drop to be counted")
+    group = only_group(bootstrap_servers, prefix, "stale")
+    assert group.prompt_uid == "fresh" and group.metadata["staleness"] == 1
     assert row["groups_dropped[stale]"] == 1 and row["groups[emitted]"] == 1
     assert row["staleness_le"]["1.0"] == 1 and row["staleness_le"]["2.0"] == 2
 
@@ -118,9 +123,9 @@ def test_group_filters_drop_and_count_by_reason(bootstrap_servers, rules, channe
     prefix, producer = rules
     producer.submit_steps(dropped, channel=channel)
     producer.submit_steps(kept, channel=channel)
-    assert only_group(bootstrap_servers, prefix, channel).prompt_uid == kept[0].prompt_uid
     wait_for(lambda: stats(bootstrap_servers, prefix, channel).get(f"groups_dropped[{reason}]") == 1, 30,
              f"the drop to be counted as {reason}")
+    assert only_group(bootstrap_servers, prefix, channel).prompt_uid == kept[0].prompt_uid
 
 
 def test_group_timeout_emits_partial_or_drops(bootstrap_servers, rules):
@@ -131,15 +136,15 @@ def test_group_timeout_emits_partial_or_drops(bootstrap_servers, rules):
                           channel="timeout", n_rollouts=3)
     starved = a_group("starved", [0.0, 1.0], n_steps=2)
     producer.submit_steps([s for s in starved if s.trajectory_uid.endswith("t0")], channel="timeout", n_rollouts=3)
-    group = only_group(bootstrap_servers, prefix, "timeout", timeout=60)
+    wait_for(lambda: stats(bootstrap_servers, prefix, "timeout").get("groups_dropped[timeout]") == 1, 60,
+             "the starved group to be dropped on timeout")
+    group = only_group(bootstrap_servers, prefix, "timeout")
     assert group.prompt_uid == "partial" and group.status == "partial"
     assert group.trajectory_uids == ["partial/t0", "partial/t1"] and len(group.steps) == 4
-    wait_for(lambda: stats(bootstrap_servers, prefix, "timeout").get("groups_dropped[timeout]") == 1, 30,
-             "the starved group to be dropped on timeout")
     # A step for a group that timed out is late: it goes to the DLQ, never into a new group.
     producer.submit_steps([s for s in starved if s.trajectory_uid.endswith("t1")][:1], channel="timeout")
-    wait_for(lambda: any(r.startswith("late: group already dropped (timeout)")
-                         for r in dlq_reasons(bootstrap_servers, prefix)), 30, "the late step on the DLQ")
+    reasons = wait_for(lambda: dlq_reasons(bootstrap_servers, prefix, "timeout"), 30, "the late step on the DLQ")
+    assert len(reasons) == 1 and reasons[0].startswith("late: group already dropped (timeout)"), reasons
 
 
 def test_duplicates_count_once_and_bad_events_go_to_dlq(bootstrap_servers, rules):
@@ -160,12 +165,13 @@ def test_duplicates_count_once_and_bad_events_go_to_dlq(bootstrap_servers, rules
     wrong = Step(prompt_ids=[1], response_ids=[2], trajectory_uid="x", prompt_uid="y", channel="val")
     raw.produce(steps_topic("train", prefix), key=b"y", value=codec.encode(wrong))  # channel mismatch
     assert raw.flush(30) == 0
-    reasons = wait_for(lambda: (r := [x for x in dlq_reasons(bootstrap_servers, prefix)
-                                      if not x.startswith("late: group already dropped")]) and len(r) >= 3 and r,
+    raw.close()
+    reasons = wait_for(lambda: len(r := dlq_reasons(bootstrap_servers, prefix, "train")) >= 3 and r,
                        60, "three DLQ records from channel train")
-    assert any(r.startswith("late: group already emitted") for r in reasons)
-    assert any(r.startswith("unknown_trajectory: nobody") for r in reasons)
-    assert any(r.startswith("channel_mismatch: record says 'val'") for r in reasons)
+    assert len(reasons) == 3, reasons
+    assert sum(r.startswith("late: group already emitted") for r in reasons) == 1
+    assert sum(r.startswith("unknown_trajectory: nobody") for r in reasons) == 1
+    assert sum(r.startswith("channel_mismatch: record says 'val'") for r in reasons) == 1
 
 
 def test_stats_cli_reports_per_channel(bootstrap_servers, rules):

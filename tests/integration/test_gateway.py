@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
 import threading
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -47,7 +47,8 @@ def engine(inference_server: str, prompt_ids: list[int], **sampling) -> dict:
 
 def test_plain_streaming_and_tool_calls_are_captured_token_exactly(
         bootstrap_servers, prefix, inference_server, start_gateway, start_worker, tiny_model_dir):
-    StepProducer(bootstrap_servers, prefix=prefix).provision("train")
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("train")
     PolicyVersionPublisher(bootstrap_servers, prefix=prefix).publish(3)
     gateway, _ = start_gateway([inference_server])
     wait_for(lambda: httpx.get(f"{gateway}/statistics").json()["policy_versions"].get("global") == 3, 30,
@@ -138,30 +139,27 @@ def test_reward_function_scores_black_box_trajectories_and_white_box_calls(
     assert scored.status_code == 200 and scored.json() == {"reward": 1.0}
 
 
-def test_reward_worker_is_a_named_ray_actor(bootstrap_servers, prefix, inference_server, start_gateway):
-    import ray
-
+def test_reward_worker_is_a_named_ray_actor(prefix, inference_server, start_gateway, local_ray):
     from tests.gateway_rewards import RewardActor
 
-    namespace = f"trajbus-{prefix}"
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, namespace=namespace,
-             runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})
-    try:
-        actor = ray.remote(num_cpus=0)(RewardActor).options(name="scorer").remote()
-        gateway, _ = start_gateway([inference_server], [
-            "--reward-worker-name", "scorer", "--ray-namespace", namespace,
-            "--ray-address", ray.get_runtime_context().gcs_address])
-        scored = httpx.post(f"{gateway}/compute_reward", json={"response_text": "7", "metadata": {"answer": "7"}},
-                            timeout=120)
-        assert scored.status_code == 200 and scored.json() == {"reward": 1.0}, scored.text
-        t = init(gateway, metadata={"answer": "no such answer"})
-        client(t["base_url"]).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
-                                                      max_tokens=8)
-        done = httpx.post(f"{t['base_url']}/complete_trajectory", timeout=120)
-        assert done.status_code == 200 and done.json()["reward"] == 0.0
-        assert ray.get(actor.count.remote()) == 2
-    finally:
-        ray.shutdown()
+    ray = local_ray
+    actor = ray.remote(num_cpus=0)(RewardActor).options(name="scorer").remote()
+    gateway, process = start_gateway([inference_server], [
+        "--reward-worker-name", "scorer", "--ray-namespace", prefix,
+        "--ray-address", ray.get_runtime_context().gcs_address])
+    scored = httpx.post(f"{gateway}/compute_reward", json={"response_text": "7", "metadata": {"answer": "7"}},
+                        timeout=120)
+    assert scored.status_code == 200 and scored.json() == {"reward": 1.0}, scored.text
+    t = init(gateway, metadata={"answer": "no such answer"})
+    client(t["base_url"]).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                                  max_tokens=8)
+    done = httpx.post(f"{t['base_url']}/complete_trajectory", timeout=120)
+    assert done.status_code == 200 and done.json()["reward"] == 0.0
+    assert ray.get(actor.count.remote()) == 2
+    # Graceful on SIGTERM although Ray's core worker installs its own handler (uvicorn re-raises
+    # the signal once its shutdown is done, hence -SIGTERM).
+    assert process.stop() == -signal.SIGTERM
+    assert "gateway stopped: producer flushed" in process.log_tail(), process.log_tail()
 
 
 def test_white_box_generate_and_submit_steps(bootstrap_servers, prefix, inference_server, start_gateway):

@@ -12,7 +12,7 @@ import yaml
 from pipelines.cli import build_parser
 from streams.topics import TopicSettings
 
-INFRA = Path(__file__).resolve().parents[1] / "infra"
+INFRA = Path(__file__).resolve().parents[2] / "infra"
 
 
 def parses(args: list[str]) -> None:

@@ -44,7 +44,8 @@ def test_tail_follows_steps_live_and_reads_groups_and_dead_letters(bootstrap_ser
 
     producer = Producer({"bootstrap.servers": bootstrap_servers})
     producer.produce(steps_topic("train", prefix), key=b"junk", value=b"not a record")
-    producer.flush(10)
+    assert producer.flush(10) == 0
+    producer.close()
     dead = wait_for(lambda: (r := trajbus("tail", dlq_topic(prefix), "--bootstrap-servers", bootstrap_servers,
                                           "--from-beginning", "--max", "1", timeout=60)).returncode == 0 and r,
                     60, "the dead letter")

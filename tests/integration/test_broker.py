@@ -34,6 +34,7 @@ def test_broker_up_status_down_keeps_data_between_runs(tmp_path: Path):
         for i in range(5):
             producer.produce("kept", value=str(i).encode())
         assert producer.flush(30) == 0
+        producer.close()
     finally:
         down = trajbus("broker", "down", "--state-dir", state_dir)
     assert down.returncode == 0 and "stopped" in down.stdout
@@ -48,16 +49,6 @@ def test_broker_up_status_down_keeps_data_between_runs(tmp_path: Path):
         assert end_offsets(new_address, "kept") == [5]
     finally:
         trajbus("broker", "down", "--state-dir", state_dir)
-
-
-def test_bootstrap_resolution_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("TRAJBUS_STATE_DIR", str(tmp_path / "none"))
-    monkeypatch.delenv(bootstrap.ENV_VAR, raising=False)
-    with pytest.raises(bootstrap.BrokerNotFound, match="trajbus broker up"):
-        bootstrap.resolve_bootstrap_servers()
-    monkeypatch.setenv(bootstrap.ENV_VAR, "from-env:1")
-    assert bootstrap.resolve_bootstrap_servers() == "from-env:1"
-    assert bootstrap.resolve_bootstrap_servers("explicit:2") == "explicit:2"
 
 
 def test_embedded_broker_is_found_without_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -9,7 +9,7 @@ import yaml
 
 from tests.helpers import trajbus
 
-DATA = Path(__file__).resolve().parents[1] / "pipelines" / "data"
+DATA = Path(__file__).resolve().parents[2] / "pipelines" / "data"
 
 
 def config(tmp_path: Path, **changes) -> Path:
@@ -20,7 +20,7 @@ def config(tmp_path: Path, **changes) -> Path:
                                                      {"env": "calculator", "agent": "black_box", "group_size": 2},
                                                      {"env": "math", "agent": "white_box", "group_size": 2}]},
         "trainer": {"groups_per_step": 2, "fetch_timeout": 120},
-        "report": str(tmp_path / "report.svg"),
+        "report": str(tmp_path / "report.png"),
     }
     for key, value in changes.items():
         settings[key] = value
@@ -40,8 +40,10 @@ def test_demo_trains_policy_versions_through_the_whole_system(bootstrap_servers,
     assert rows[0][7] != rows[1][7], "the policy's loss (nll of its rollouts) changes between versions"
     assert "reward by the policy version that generated the rollout: v0:" in out
     assert "torn down" in out
+    png = (tmp_path / "report.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
     svg = (tmp_path / "report.svg").read_text()
-    assert svg.startswith("<svg") and svg.count("<circle") == 4
+    assert '<g id="reward">' in svg and '<g id="tokens/s">' in svg and "policy version" in svg
 
 
 @pytest.mark.parametrize("change, says", [
@@ -92,7 +94,7 @@ def test_ctrl_c_tears_everything_down(bootstrap_servers, tmp_path, tiny_model_di
     reader.start()
     try:
         wait_for(lambda: any("policy v1:" in line for line in lines), 300, "the first policy version")
-        workdir = re.search(r"logs in (\S+)\)", "".join(lines)).group(1)
+        workdir = re.search(r"logs in (\S+): demo.log", "".join(lines)).group(1)
         os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
         assert demo.wait(90) == 130, errors.read_text()[-3000:]
     finally:

@@ -6,7 +6,7 @@ from consumers import BatchConsumer
 from pipelines.processes import worker_process
 from pipelines.synthetic import make_groups
 from streams.producer import StepProducer
-from tests.helpers import assert_exactly_the_groups_sent, fetch_groups, trajbus
+from tests.helpers import assert_exactly_the_groups_sent, fetch_groups, settle_workers, trajbus
 
 
 def test_first_path_on_the_tansu_engine(tmp_path, prefix):
@@ -25,7 +25,8 @@ def test_first_path_on_the_tansu_engine(tmp_path, prefix):
             assert producer.submit_steps(stream, channel="train") == len(stream)
         with BatchConsumer("train", servers, prefix=prefix) as consumer:
             groups = fetch_groups(consumer, 20, timeout=120)
-            assert consumer.fetch_group(timeout=2.0) is None
+            settle_workers(servers, prefix, [worker])
+            assert consumer.drain() == []
         assert_exactly_the_groups_sent(groups, sent)
     finally:
         if worker is not None:

@@ -14,44 +14,54 @@ from infra.topics import consumer_group_lag, delete_records_before
 from pipelines.synthetic import group_steps
 from streams.producer import StepProducer
 from streams.topics import groups_topic, trainer_group_id
-from tests.helpers import fetch_groups, trajbus
+from tests.helpers import fetch_groups, settle_workers, trajbus
 
 
 def run_versions(bootstrap_servers, prefix, start_worker, versions=(1, 2, 3), per_version=4):
-    """Groups of each policy version through the worker and a live trainer; returns uids and time marks."""
+    """Groups of each policy version through the worker and a live trainer.
+
+    Returns the uids of each version and two windows per version (unix seconds, end exclusive):
+    its steps' explicit creation times (the steps topic's record timestamps: version v is
+    created at ``BASE + 10 v`` s) and the ready times the worker stamped on its groups."""
     rng = random.Random(5)
+    base = time.time() - 600
     uids: dict[int, list[str]] = {}
-    marks: dict[int, tuple[float, float]] = {}
+    created: dict[int, tuple[float, float]] = {}
+    ready: dict[int, tuple[float, float]] = {}
     with StepProducer(bootstrap_servers, prefix=prefix) as producer, \
             BatchConsumer("train", bootstrap_servers, prefix=prefix) as trainer:
         producer.provision("train")
         start_worker(n_rollouts=2)
         for version in versions:
-            time.sleep(0.01)  # record timestamps are in ms: keep versions apart
-            before = time.time()
             uids[version] = []
             for g in range(per_version):
                 uid = f"v{version}-g{g}"
                 steps = [s for t in group_steps(uid, 2, 2, rng, policy_version=version) for s in t]
+                for step in steps:
+                    step.created_at = base + 10 * version + 0.1 * g
                 producer.submit_steps(steps, channel="train")
                 uids[version].append(uid)
             got = fetch_groups(trainer, per_version, timeout=60)  # the live trainer consumes and commits
             trainer.commit()
-            marks[version] = (before, time.time())
             assert {g.prompt_uid for g in got} == set(uids[version])
-            time.sleep(0.01)
-    return uids, marks
+            created[version] = (base + 10 * version, base + 10 * version + 5)
+            ready[version] = (min(g.ready_at for g in got), max(g.ready_at for g in got) + 0.001)
+    return uids, created, ready
 
 
-def read_channel(bootstrap_servers, prefix, channel, count):
+def read_channel(bootstrap_servers, prefix, channel, count, workers=()):
+    """The ``count`` groups of ``channel``, and nothing after them up to the topic's end
+    (``workers`` assembling the channel are settled first)."""
     with BatchConsumer(channel, bootstrap_servers, prefix=prefix) as consumer:
         groups = fetch_groups(consumer, count, timeout=60)
-        assert consumer.fetch_group(timeout=2.0) is None, "more groups than the window holds"
+        if workers:
+            settle_workers(bootstrap_servers, prefix, list(workers), channels=(channel,))
+        assert consumer.drain() == [], "more groups than the window holds"
     return groups
 
 
 def test_replay_version_2_by_time_window_into_a_new_channel_twice(bootstrap_servers, prefix, start_worker):
-    uids, marks = run_versions(bootstrap_servers, prefix, start_worker)
+    uids, _, marks = run_versions(bootstrap_servers, prefix, start_worker)
     live = trainer_group_id("train", prefix)
     committed = [p.committed for p in consumer_group_lag(bootstrap_servers, live, groups_topic("train", prefix))]
     start, end = marks[2]
@@ -85,20 +95,21 @@ def test_replay_version_2_by_time_window_into_a_new_channel_twice(bootstrap_serv
 
 
 def test_replay_from_steps_reassembles_under_the_new_channels_settings(bootstrap_servers, prefix, start_worker):
-    uids, marks = run_versions(bootstrap_servers, prefix, start_worker, versions=(1, 2))
-    StepProducer(bootstrap_servers, prefix=prefix).provision("refiltered")
-    start_worker(channels="refiltered", n_rollouts=2,
+    uids, marks, _ = run_versions(bootstrap_servers, prefix, start_worker, versions=(1, 2))
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("refiltered")
+    refiltering = start_worker(channels="refiltered", n_rollouts=2,
                  extra=["--channel-setting", "refiltered.group_filter=tests.group_filters:keep_even"])
     with Replay("train", bootstrap_servers, prefix=prefix, source="steps", start_time=marks[2][0],
                 end_time=marks[2][1]) as replay:
         assert replay.into_channel("refiltered") == 4 * 2 * 2  # 4 groups x 2 trajectories x 2 steps
-    groups = read_channel(bootstrap_servers, prefix, "refiltered", 2)
+    groups = read_channel(bootstrap_servers, prefix, "refiltered", 2, workers=[refiltering])
     assert sorted(g.prompt_uid for g in groups) == ["v2-g0", "v2-g2"], "history re-assembled under a new filter"
     assert all(len(g.steps) == 4 and g.steps[-1].policy_version == 2 for g in groups)
 
 
 def test_bad_windows_are_named(bootstrap_servers, prefix, start_worker):
-    uids, marks = run_versions(bootstrap_servers, prefix, start_worker, versions=(1,))
+    uids, _, marks = run_versions(bootstrap_servers, prefix, start_worker, versions=(1,))
     with pytest.raises(ReplayError, match="the end .* is before the start"):
         Replay("train", bootstrap_servers, prefix=prefix, start_time=marks[1][1], end_time=marks[1][0])
     with pytest.raises(ReplayError, match="topic .*groups.nowhere does not exist"):

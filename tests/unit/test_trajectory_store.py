@@ -1,0 +1,116 @@
+"""The gateway's SQLite trajectory state: lookups, step reservation, completion, and restarts."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from gateway.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = TrajectoryStore(tmp_path / "state")
+    yield store
+    store.close()
+
+
+def new(store, uid="t1", **kwargs):
+    store.create(Trajectory(uid, "p1", "train", **kwargs))
+
+
+def test_create_then_get(store):
+    new(store, n_rollouts=4, metadata={"task": "math"}, policy_version=3, backend="http://a:1")
+    t = store.get("t1")
+    assert (t.prompt_uid, t.channel, t.n_rollouts, t.metadata) == ("p1", "train", 4, {"task": "math"})
+    assert (t.policy_version, t.backend, t.next_step, t.published_steps, t.status) == (3, "http://a:1", 0, 0, OPEN)
+    assert t.last_conversation is None
+
+
+def test_unknown_trajectory(store):
+    assert store.get("nope") is None
+    with pytest.raises(LookupError, match="nope is not open"):
+        store.reserve_steps("nope", 1)
+    assert store.transition("nope", OPEN, COMPLETING) is False
+
+
+def test_a_uid_is_created_once(store):
+    new(store)
+    with pytest.raises(sqlite3.IntegrityError):
+        new(store)
+
+
+def test_reservations_hand_out_consecutive_indices(store):
+    new(store)
+    assert store.reserve_steps("t1", 1) == 0
+    assert store.reserve_steps("t1", 3) == 1
+    assert store.reserve_steps("t1", 1) == 4
+    assert store.get("t1").next_step == 5
+
+
+def test_a_released_last_reservation_is_reused(store):
+    new(store)
+    store.reserve_steps("t1", 1)
+    first = store.reserve_steps("t1", 2)
+    store.release_steps("t1", first, 2)
+    assert store.reserve_steps("t1", 1) == first
+
+
+def test_a_release_after_a_later_reservation_leaves_a_gap_not_a_duplicate(store):
+    new(store)
+    first = store.reserve_steps("t1", 1)
+    later = store.reserve_steps("t1", 1)
+    store.release_steps("t1", first, 1)  # too late: index 1 is taken
+    assert store.reserve_steps("t1", 1) == later + 1
+
+
+def test_record_published_keeps_count_conversation_and_backend(store):
+    new(store)
+    store.record_published("t1", 2, [{"role": "user", "content": "hi"}], "http://b:1")
+    store.record_published("t1", 1, [{"role": "assistant", "content": "yo"}], "http://c:1")
+    t = store.get("t1")
+    assert (t.published_steps, t.backend) == (3, "http://c:1")
+    assert t.last_conversation == [{"role": "assistant", "content": "yo"}]
+
+
+def test_completing_twice_succeeds_once_and_closes_reservations(store):
+    new(store)
+    assert store.transition("t1", OPEN, COMPLETING) is True
+    assert store.transition("t1", OPEN, COMPLETING) is False
+    with pytest.raises(LookupError):
+        store.reserve_steps("t1", 1)  # no new steps while completing
+    assert store.transition("t1", COMPLETING, COMPLETED) is True
+    assert store.transition("t1", OPEN, COMPLETING) is False
+    assert store.get("t1").status == COMPLETED
+
+
+def test_update_sets_columns_and_json_fields(store):
+    new(store)
+    store.update("t1", metadata={"k": [1]}, policy_version=7)
+    t = store.get("t1")
+    assert (t.metadata, t.policy_version) == ({"k": [1]}, 7)
+
+
+def test_state_survives_reopening_and_interrupted_completions_reopen(tmp_path):
+    first = TrajectoryStore(tmp_path)
+    for uid in ("done", "cut", "open"):
+        new(first, uid, metadata={"uid": uid})
+    first.reserve_steps("open", 3)
+    first.record_published("open", 3, [{"role": "user", "content": "q"}], "http://a:1")
+    first.transition("done", OPEN, COMPLETING)
+    first.transition("done", COMPLETING, COMPLETED)
+    first.transition("cut", OPEN, COMPLETING)  # the process dies here
+    first.close()
+
+    second = TrajectoryStore(tmp_path)
+    try:
+        assert second.counts() == {OPEN: 1, COMPLETING: 1, COMPLETED: 1}
+        assert second.reopen_interrupted() == 1
+        assert second.counts() == {OPEN: 2, COMPLETED: 1}
+        t = second.get("open")
+        assert (t.metadata, t.published_steps, t.backend) == ({"uid": "open"}, 3, "http://a:1")
+        assert second.reserve_steps("open", 1) == 3  # numbering continues after the restart
+        assert second.get("cut").status == OPEN
+    finally:
+        second.close()
