@@ -3,9 +3,13 @@
 Calls of one trajectory stay on one backend while it is healthy (its prefix
 cache holds the conversation so far). A backend that refuses a connection, or
 fails its health check, is taken out; the health loop puts it back once
-``GET /health`` answers again. A request is retried on another backend only
-when it never reached the first (the connection could not be made): a request
-that reached an engine may have been executed, and is not silently repeated.
+``GET /health`` answers again. A request is retried on another backend when
+no answer came from the first: the connection could not be made, or it broke
+before any response (a server closing its idle keep-alive connections as it
+shuts down does this to a request sent at that moment). A generation has no
+effect outside its answer (the Step is published from the answer the gateway
+got), so the only cost of such a retry is engine time; a backend that answered,
+or broke off mid-answer, is an error, never repeated.
 
 The gateway asks for what token-exact capture needs: a token-id prompt,
 ``return_token_ids`` (vLLM >= 0.10.2) and per-token ``logprobs``, with
@@ -25,7 +29,8 @@ import httpx
 
 log = logging.getLogger("trajbus.gateway")
 
-NEVER_REACHED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+NO_ANSWER = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ReadError, httpx.RemoteProtocolError)
+"""Errors of ``send`` before any response header: nothing came back, so another backend may try."""
 
 
 class NoBackendAvailable(RuntimeError):
@@ -185,7 +190,7 @@ class BackendPool:
             backend.requests += 1
             try:
                 response = await self.client.send(request, stream=True)
-            except NEVER_REACHED as exc:  # nothing was executed: safe to try another backend
+            except NO_ANSWER as exc:  # nothing came back: safe to try another backend
                 backend.in_flight -= 1
                 self._refused(backend, exc)
                 continue
@@ -220,7 +225,7 @@ class BackendPool:
 
     async def stream(self, prompt_ids: list[int], sampling: dict[str, Any],
                      preferred: str | None = None) -> tuple[str, AsyncIterator[Completion]]:
-        """A streaming call: connects (with the never-reached retry) before returning the iterator."""
+        """A streaming call: connects (with the no-answer retry) before returning the iterator."""
         backend, response = await self._send(request_body(prompt_ids, sampling, self.model, True), preferred)
 
         async def deltas() -> AsyncIterator[Completion]:

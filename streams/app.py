@@ -227,6 +227,7 @@ class GroupAssembler:
             await self.process(channel, partition, message)
         finally:
             self.expected[(channel, partition)] = message.offset + 1
+            self.metrics.source_position.labels(channel, str(partition)).set(message.offset + 1)
             key = StateKey(partition, "o", channel).encode()
             if self.state.get(key) is None:
                 # The first position is saved at once (later ones once a tick): with no
@@ -242,6 +243,8 @@ class GroupAssembler:
         for partition in self.active_partitions():
             for channel in self.settings.channels:
                 position = self.known_position(channel, partition)
+                if position is not None:  # an owned partition with nothing new still reports where it is
+                    self.metrics.source_position.labels(channel, str(partition)).set(position)
                 quiet = now - self.last_event_at.get((channel, partition), 0.0) >= CATCH_UP_AFTER
                 if position is not None and quiet:
                     known[(channel, partition)] = position

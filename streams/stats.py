@@ -39,6 +39,9 @@ class WorkerMetrics:
                               ["channel", "outcome"], registry=r)
         self.dropped = Counter("trajbus_worker_groups_dropped", "Groups dropped, by reason",
                                ["channel", "reason"], registry=r)
+        self.source_position = Gauge("trajbus_worker_source_position",
+                                     "Next steps-topic offset to apply, per partition this worker applied",
+                                     ["channel", "partition"], registry=r)
         self.pending_groups = Gauge("trajbus_worker_pending_groups", "Groups still assembling", ["channel"],
                                     registry=r)
         self.pending_trajectories = Gauge("trajbus_worker_pending_trajectories",

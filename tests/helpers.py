@@ -87,17 +87,27 @@ def fetch_groups(consumer: BatchConsumer, count: int, timeout: float) -> list[Re
 
 def settle_workers(bootstrap_servers: str, prefix: str, workers: list, channels: tuple[str, ...] = ("train",),
                    timeout: float = 60.0) -> None:
-    """Wait until the workers' consumer group has committed every step, then stop them gracefully:
-    whatever the groups topics hold afterwards is all they will ever emit (a known end, no sleeping)."""
-    from infra.topics import consumer_group_lag
-    from streams.settings import WorkerSettings
-    from streams.topics import TopicSettings, steps_topic
+    """Wait until the running workers have applied every step (their published source positions
+    reach the steps topics' ends), then stop them gracefully: whatever the groups topics hold
+    afterwards is all they will ever emit (a known end, no sleeping)."""
+    from streams.stats import read_snapshots
+    from streams.topics import steps_topic
 
-    group_id = WorkerSettings(topics=TopicSettings(prefix=prefix), channels=channels).app_id
-    for channel in channels:
-        topic = steps_topic(channel, prefix)
-        wait_for(lambda: all(p.lag == 0 for p in consumer_group_lag(bootstrap_servers, group_id, topic)),
-                 timeout, f"the workers to commit every step of {topic}")
+    pids = {f"-{worker.pid}-" for worker in workers}
+
+    def applied_everything() -> bool:
+        positions: dict[tuple[str, str], float] = {}
+        for snapshot in read_snapshots(bootstrap_servers, prefix):
+            if any(pid in snapshot["worker_id"] for pid in pids):
+                for name, labels, value in snapshot["samples"]:
+                    if name == "trajbus_worker_source_position":
+                        key = (labels["channel"], labels["partition"])
+                        positions[key] = max(value, positions.get(key, 0))
+        return all(positions.get((channel, str(partition)), 0) >= end
+                   for channel in channels
+                   for partition, end in enumerate(end_offsets(bootstrap_servers, steps_topic(channel, prefix))))
+
+    wait_for(applied_everything, timeout, f"the workers to apply every step of {channels}", interval=0.5)
     for worker in workers:
         assert worker.stop() == 0, f"the worker did not stop cleanly:\n{worker.log_tail()}"
 
