@@ -1,15 +1,18 @@
-"""The gateway against calling the inference server directly, in the same run.
+"""The gateway's own cost on growing multi-turn conversations, against calling the engine directly.
 
-At 1, 32 and 256 concurrent agents, every agent sends chat completions one
-after another (same conversation, 8 generated tokens with ``ignore_eos`` so
-both paths generate the same amount): once straight to the local inference
-server's ``/v1/chat/completions`` (baseline), once through the gateway's
-black-box ``base_url`` (chat template + engine call + Step acknowledged by
-Kafka). Reports latency p50/p99, requests/s, the gateway's added latency and
-its throughput ratio to the baseline.
+The engine is ``infra.scripted_engine``: it answers instantly with fixed ids (a
+300-token reply, one id per character), so the figures are the gateway's cost, not a model's. At 1, 32
+and 256 concurrent agents every agent runs a 10-turn conversation: each turn
+adds a ~500-token user message and the reply, so the last prompt is ~8k tokens.
+Baseline: the same prompts, as token ids, straight to the engine's
+``/v1/completions``. Through the gateway: the agent's messages to its black-box
+``base_url`` (prompt built from the conversation's token state, engine call,
+Step acknowledged by Kafka, state committed). Reports latency p50/p99,
+requests/s and the added latency, per concurrency level and per turn number
+(the cost of a call must not grow with the conversation).
 
 Uses TRAJBUS_BOOTSTRAP_SERVERS when set, else a throw-away embedded broker.
-Prints a table and writes benchmarks/results/gateway.json.
+Prints two tables and writes benchmarks/results/gateway.json.
 """
 
 from __future__ import annotations
@@ -22,98 +25,165 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import httpx
 
 from benchmarks.assembly_bench import RESULTS, percentile
 from infra import tiny_model
 from infra.kafka_broker import EmbeddedKafka
-from pipelines.processes import free_port, gateway_process, inference_server_process, wait_http
+from pipelines.processes import ServiceProcess, free_port, gateway_process, wait_http
 
-MESSAGES = [{"role": "user", "content": "What is 3 + 4?"}]
-BODY = {"model": "tiny", "messages": MESSAGES, "max_tokens": 8, "temperature": 1.0, "ignore_eos": True}
-LEVELS = ((1, 40), (32, 256), (256, 512))  # (concurrent agents, requests in total)
+TURNS = 10
+REPLY = ("Checked the file; the failing assertion compares the parsed header against the raw bytes, so "
+         "the fix is to decode first. Next I will run the tests again and read the output. " * 2)[:300]
+OBSERVATION = "$ pytest -q tests/test_parser.py\n" + "F.. assertion failed: header mismatch at offset 42\n" * 14
+LEVELS = (1, 32, 256)
 
 
-async def run_agents(client: httpx.AsyncClient, urls: list[str], requests: int) -> tuple[list[float], float]:
-    """Each URL is one agent calling in a loop; returns per-request latencies and the wall time."""
-    latencies: list[float] = []
-    per_agent = max(1, requests // len(urls))
+def conversation() -> list[list[dict]]:
+    """The messages each turn sends (each reply being what the scripted engine answers)."""
+    messages: list[dict] = [{"role": "system", "content": "You are a coding agent."}]
+    turns = []
+    for turn in range(TURNS):
+        messages = messages + [{"role": "user", "content": f"Turn {turn}.\n{OBSERVATION}"}]
+        turns.append(messages)
+        messages = messages + [{"role": "assistant", "content": REPLY}]
+    return turns
 
-    async def agent(url: str) -> None:
-        for _ in range(per_agent):
-            started = time.perf_counter()
-            response = await client.post(url, json=BODY)
-            response.raise_for_status()
-            latencies.append(time.perf_counter() - started)
+
+def engine_prompts(model_dir: Path, turns: list[list[dict]]) -> list[list[int]]:
+    """The prompt ids the gateway sends the engine at each turn (for the direct baseline)."""
+    from transformers import AutoTokenizer
+
+    from gateway.conversation import PromptBuilder
+    from infra.scripted_engine import noncanonical_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    builder, reply = PromptBuilder(tokenizer), noncanonical_ids(tokenizer, REPLY) + [tokenizer.eos_token_id]
+    prompts, said, context = [], None, None
+    for messages in turns:
+        prompts.append(builder.build(messages, None, said, context).ids)
+        said, context = messages + [{"role": "assistant", "content": REPLY}], prompts[-1] + reply
+    return prompts
+
+
+Call = Callable[[httpx.AsyncClient, int, int], Awaitable[httpx.Response]]
+
+
+async def run(client: httpx.AsyncClient, agents: int, rounds: int, call: Call) -> tuple[dict[int, list[float]], float]:
+    """``agents`` at once, each running ``rounds`` conversations in turn; per-turn latencies, wall time."""
+    by_turn: dict[int, list[float]] = {turn: [] for turn in range(TURNS)}
+
+    async def agent(index: int) -> None:
+        for conversation_index in range(index * rounds, (index + 1) * rounds):
+            for turn in range(TURNS):
+                started = time.perf_counter()
+                response = await call(client, conversation_index, turn)
+                response.raise_for_status()
+                by_turn[turn].append(time.perf_counter() - started)
 
     started = time.perf_counter()
-    await asyncio.gather(*(agent(url) for url in urls))
-    return latencies, time.perf_counter() - started
+    await asyncio.gather(*(agent(i) for i in range(agents)))
+    return by_turn, time.perf_counter() - started
 
 
-async def measure(server: str, gateway: str) -> list[dict]:
-    rows = []
+async def level(client: httpx.AsyncClient, engine: str, gateway: str, agents: int, rounds: int,
+                turns: list[list[dict]], prompts: list[list[int]]) -> tuple[dict, list[dict]]:
+    """One concurrency level: a row for the table, and the per-turn medians."""
+    urls = [(await client.post(f"{gateway}/init_trajectory", json={})).json()["base_url"]
+            for _ in range(agents * rounds)]
+
+    def direct(c: httpx.AsyncClient, _conversation: int, turn: int) -> Awaitable[httpx.Response]:
+        return c.post(f"http://{engine}/v1/completions", json={"prompt": prompts[turn], "max_tokens": 512,
+                                                                "logprobs": 0, "return_token_ids": True})
+
+    def via(c: httpx.AsyncClient, conversation: int, turn: int) -> Awaitable[httpx.Response]:
+        return c.post(f"{urls[conversation]}/chat/completions",
+                      json={"model": "bench", "messages": turns[turn], "max_tokens": 512})
+
+    direct_turns, direct_s = await run(client, agents, rounds, direct)
+    via_turns, via_s = await run(client, agents, rounds, via)
+    d = [x for xs in direct_turns.values() for x in xs]
+    g = [x for xs in via_turns.values() for x in xs]
+    row = {"agents": agents, "requests": len(g),
+           "direct_p50_ms": 1000 * statistics.median(d), "direct_p99_ms": 1000 * percentile(d, 0.99),
+           "gateway_p50_ms": 1000 * statistics.median(g), "gateway_p99_ms": 1000 * percentile(g, 0.99),
+           "direct_rps": len(d) / direct_s, "gateway_rps": len(g) / via_s}
+    row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
+    row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
+    per_turn = [{"turn": t + 1, "prompt_tokens": len(prompts[t]),
+                 "direct_p50_ms": 1000 * statistics.median(direct_turns[t]),
+                 "gateway_p50_ms": 1000 * statistics.median(via_turns[t])} for t in range(TURNS)]
+    for entry in per_turn:
+        entry["added_p50_ms"] = entry["gateway_p50_ms"] - entry["direct_p50_ms"]
+    print(f"  {agents} agents done: direct {row['direct_rps']:.0f} req/s, gateway {row['gateway_rps']:.0f} req/s",
+          flush=True)
+    return row, per_turn
+
+
+async def measure(engine: str, gateway: str, turns: list[list[dict]], prompts: list[list[int]]) -> dict:
     limits = httpx.Limits(max_connections=600, max_keepalive_connections=600)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-        await run_agents(client, [f"http://{server}/v1/chat/completions"], 8)  # warm-up both paths
-        for agents, requests in LEVELS:
-            direct_urls = [f"http://{server}/v1/chat/completions"] * agents
-            trajectories = [(await client.post(f"{gateway}/init_trajectory", json={})).json() for _ in range(agents)]
-            gateway_urls = [f"{t['base_url']}/chat/completions" for t in trajectories]
-            if agents == 1:
-                await run_agents(client, gateway_urls, 8)
-            direct, direct_s = await run_agents(client, direct_urls, requests)
-            via, via_s = await run_agents(client, gateway_urls, requests)
-            row = {"agents": agents, "requests": len(direct),
-                   "direct_p50_ms": 1000 * statistics.median(direct), "direct_p99_ms": 1000 * percentile(direct, 0.99),
-                   "gateway_p50_ms": 1000 * statistics.median(via), "gateway_p99_ms": 1000 * percentile(via, 0.99),
-                   "direct_rps": len(direct) / direct_s, "gateway_rps": len(via) / via_s}
-            row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
-            row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
-            row["throughput_ratio"] = row["gateway_rps"] / row["direct_rps"]
+        await level(client, engine, gateway, 1, 2, turns, prompts)  # warm-up, not reported
+        rows, per_turn = [], []
+        for agents in LEVELS:
+            row, turn_rows = await level(client, engine, gateway, agents, 10 if agents == 1 else 1, turns, prompts)
             rows.append(row)
-            print(f"  {agents} agents done: direct {row['direct_rps']:.0f} req/s, "
-                  f"gateway {row['gateway_rps']:.0f} req/s", flush=True)
-    return rows
+            per_turn = per_turn or turn_rows  # per turn: the single agent, undisturbed
+    return {"levels": rows, "per_turn": per_turn}
 
 
-def main() -> list[dict]:
+def print_tables(result: dict) -> None:
+    print(f"{'agents':>6} {'requests':>8} | {'direct p50':>10} {'p99':>7} {'req/s':>7} | "
+          f"{'gateway p50':>11} {'p99':>7} {'req/s':>7} | {'added p50':>9} {'p99':>7}")
+    for r in result["levels"]:
+        print(f"{r['agents']:>6} {r['requests']:>8} | {r['direct_p50_ms']:>8.2f}ms {r['direct_p99_ms']:>5.0f}ms "
+              f"{r['direct_rps']:>7.1f} | {r['gateway_p50_ms']:>9.2f}ms {r['gateway_p99_ms']:>5.0f}ms "
+              f"{r['gateway_rps']:>7.1f} | {r['added_p50_ms']:>7.2f}ms {r['added_p99_ms']:>5.0f}ms")
+    print(f"\n1 agent, by turn number:\n{'turn':>4} {'prompt tokens':>13} | {'direct p50':>10} | "
+          f"{'gateway p50':>11} | {'added p50':>9}")
+    for t in result["per_turn"]:
+        print(f"{t['turn']:>4} {t['prompt_tokens']:>13} | {t['direct_p50_ms']:>8.2f}ms | "
+              f"{t['gateway_p50_ms']:>9.2f}ms | {t['added_p50_ms']:>7.2f}ms")
+
+
+def main() -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="trajbus-bench-gateway-"))
     broker = None
     bootstrap = os.environ.get("TRAJBUS_BOOTSTRAP_SERVERS")
-    processes = []
+    processes: list[ServiceProcess] = []
     try:
         if not bootstrap:
             broker = EmbeddedKafka(state_dir=workdir / "broker")
             bootstrap = broker.start().bootstrap_servers
         model = tiny_model.build()
-        server_port, gateway_port = free_port(), free_port()
-        server = inference_server_process(server_port, workdir / "server.log", model).start()
-        processes.append(server)
-        gateway = gateway_process(bootstrap, f"bench-{uuid.uuid4().hex[:6]}", [f"127.0.0.1:{server_port}"], model,
-                                  gateway_port, workdir / "gateway-state", workdir / "gateway.log").start()
+        turns = conversation()
+        prompts = engine_prompts(model, turns)
+        (workdir / "replies.json").write_text(json.dumps([REPLY]))
+        engine_port, gateway_port = free_port(), free_port()
+        engine = ServiceProcess(["--tokenizer-path", str(model), "--replies", str(workdir / "replies.json"),
+                                 "--port", str(engine_port)], workdir / "engine.log",
+                                module="infra.scripted_engine").start()
+        processes.append(engine)
+        gateway = gateway_process(bootstrap, f"bench-{uuid.uuid4().hex[:6]}", [f"127.0.0.1:{engine_port}"], model,
+                                  gateway_port, workdir / "gateway-state", workdir / "gateway.log",
+                                  ["--prompt-length", "16384", "--response-length", "512"]).start()
         processes.append(gateway)
-        wait_http(f"http://127.0.0.1:{server_port}/health", 120, server)
+        wait_http(f"http://127.0.0.1:{engine_port}/health", 120, engine)
         wait_http(f"http://127.0.0.1:{gateway_port}/ready", 120, gateway)
-        print("\ngateway: chat completions of 8 tokens, direct to the inference server vs through the gateway")
-        rows = asyncio.run(measure(f"127.0.0.1:{server_port}", f"http://127.0.0.1:{gateway_port}"))
+        print(f"\ngateway: {TURNS}-turn conversations growing to {len(prompts[-1])} prompt tokens, "
+              f"{len(REPLY)}-token replies from an instant engine; direct vs through the gateway")
+        result = asyncio.run(measure(f"127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}", turns, prompts))
     finally:
         for process in reversed(processes):
             process.stop()
         if broker is not None:
             broker.stop()
-
-    print(f"{'agents':>6} {'requests':>8} | {'direct p50':>10} {'p99':>7} {'req/s':>7} | "
-          f"{'gateway p50':>11} {'p99':>7} {'req/s':>7} | {'added p50':>9} {'p99':>7} {'ratio':>6}")
-    for r in rows:
-        print(f"{r['agents']:>6} {r['requests']:>8} | {r['direct_p50_ms']:>8.1f}ms {r['direct_p99_ms']:>5.0f}ms "
-              f"{r['direct_rps']:>7.1f} | {r['gateway_p50_ms']:>9.1f}ms {r['gateway_p99_ms']:>5.0f}ms "
-              f"{r['gateway_rps']:>7.1f} | {r['added_p50_ms']:>7.1f}ms {r['added_p99_ms']:>5.0f}ms "
-              f"{r['throughput_ratio']:>5.2f}x")
+    print_tables(result)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "gateway.json").write_text(json.dumps(rows, indent=2))
-    return rows
+    (RESULTS / "gateway.json").write_text(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":

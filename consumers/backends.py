@@ -9,10 +9,14 @@ right-padded to ``response_length``, ``input_ids`` their concatenation,
 
 Two row modes:
 - ``step``: one row per step (per LLM call);
-- ``trajectory``: one row per trajectory. Each step's prompt must extend the
-  previous step's prompt and response; the tokens between two model outputs
-  (tool results, the next user turn) join the response with ``response_mask`` 0,
-  so a multi-turn agent trains one row instead of one per turn.
+- ``trajectory``: one row per trajectory segment. Each step's prompt must
+  extend the prompt and response of the step it continues (the previous one,
+  or the index its ``continues`` metadata names); the tokens between two model
+  outputs (tool results, the next user turn) join the response with
+  ``response_mask`` 0, so a multi-turn agent trains one row instead of one per
+  turn. A step marked ``segment_start`` (history edited by the agent, an extra
+  choice of an ``n > 1`` call) begins a row of its own; every row of a
+  trajectory carries the trajectory's reward.
 
 Every row is checked before any tensor is built; a bad step is a ``ValueError``
 that names it, never a silent cut.
@@ -27,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from consumers.off_policy import staleness
-from streams.records import Step
+from streams.records import CONTINUES, SEGMENT_START, Step
 
 if TYPE_CHECKING:  # verl is imported when a batch is built, not when trajbus is
     from verl import DataProto
@@ -58,6 +62,26 @@ class Row:
     log_probs: list[float] | None
     reward: float
     steps: list[Step]
+
+
+def _segment_row(segment: list[Step], reward: float) -> Row:
+    """One row of steps whose prompts each extend the previous step's prompt and response."""
+    first = segment[0]
+    context = list(first.prompt_ids)
+    response: list[int] = []
+    mask: list[int] = []
+    log_probs: list[float] | None = [] if all(s.rollout_log_probs is not None for s in segment) else None
+    for step in segment:
+        if step.prompt_ids[:len(context)] != context:
+            raise ValueError(f"{_name(step)}: its prompt does not extend the prompt and response of the step "
+                             f"it continues; use row_mode='step' for this trajectory")
+        between = step.prompt_ids[len(context):]
+        response += between + step.response_ids
+        mask += [0] * len(between) + [1] * len(step.response_ids)
+        if log_probs is not None:
+            log_probs += [0.0] * len(between) + list(step.rollout_log_probs)
+        context = list(step.prompt_ids) + list(step.response_ids)
+    return Row(list(first.prompt_ids), response, mask, log_probs, reward, segment)
 
 
 class TrainingBackend(ABC):
@@ -114,22 +138,21 @@ class VerlBackend(TrainingBackend):
         for trajectory in by_trajectory.values():
             check_group(trajectory)
             trajectory.sort(key=lambda s: s.step_index)
-            first = trajectory[0]
-            context = list(first.prompt_ids)
-            response: list[int] = []
-            mask: list[int] = []
-            log_probs: list[float] | None = [] if all(s.rollout_log_probs is not None for s in trajectory) else None
-            for step in trajectory:
-                if step.prompt_ids[:len(context)] != context:
-                    raise ValueError(f"{_name(step)}: its prompt does not extend the previous step's prompt and "
-                                     f"response; use row_mode='step' for this trajectory")
-                between = step.prompt_ids[len(context):]
-                response += between + step.response_ids
-                mask += [0] * len(between) + [1] * len(step.response_ids)
-                if log_probs is not None:
-                    log_probs += [0.0] * len(between) + list(step.rollout_log_probs)
-                context = list(step.prompt_ids) + list(step.response_ids)
-            rows.append(Row(list(first.prompt_ids), response, mask, log_probs, trajectory[-1].reward, trajectory))
+            reward = trajectory[-1].reward
+            segments: list[list[Step]] = []
+            tips: dict[int, list[Step]] = {}  # step_index of a segment's last step -> the segment
+            for previous, step in zip([None, *trajectory], trajectory):
+                if previous is None or step.metadata.get(SEGMENT_START):
+                    segment = [step]
+                    segments.append(segment)
+                else:
+                    segment = tips.pop(step.metadata.get(CONTINUES, previous.step_index), None)
+                    if segment is None:
+                        raise ValueError(f"{_name(step)}: the step it continues is not in the batch; "
+                                         f"use row_mode='step' for this trajectory")
+                    segment.append(step)
+                tips[step.step_index] = segment
+            rows += [_segment_row(segment, reward) for segment in segments]
         return rows
 
     # -- tensors ---------------------------------------------------------------------

@@ -1,12 +1,13 @@
 """Black-box chat completions: OpenAI's API in front, one token-exact Step per call behind.
 
-For every call the gateway renders the whole conversation with the chat
-template (``prompt_ids``), sends those ids to the engine, and publishes the ids
-the engine sampled (``response_ids``, EOS included) with one log-probability per
-id: nothing is re-encoded from text. The reply, plain or streamed as OpenAI
-chunks, is built from the same generation; tool calls are parsed from it when
-the request offers tools. Steps are acknowledged by the broker before the
-reply completes (before ``finish_reason`` when streaming).
+For every call the gateway builds the prompt ids (``gateway.conversation``: the
+conversation's sampled tokens continued by the new messages, or the whole
+conversation rendered when it does not extend), sends those ids to the engine,
+and publishes the ids the engine sampled (``response_ids``, EOS included) with
+one log-probability per id: nothing is re-encoded from text. The reply, plain or
+streamed as OpenAI chunks, is built from the same generation; tool calls are
+parsed from it when the request offers tools. Steps are acknowledged by the
+broker before the reply completes (before ``finish_reason`` when streaming).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from gateway import tool_calls
 from gateway.backends import BackendError, Completion, NoBackendAvailable
+from gateway.conversation import Prompt
 from gateway.errors import GatewayError, bad_request, conflict, unavailable
 from gateway.schemas import ChatCompletionRequest
 from gateway.service import GatewayService
 from gateway.trajectories import Trajectory
-from streams.records import Step
+from streams.records import CONTINUES, SEGMENT_START, Step
 
 log = logging.getLogger("trajbus.gateway")
 
@@ -74,13 +76,14 @@ class ChatCompletions:
         service.require("tokenizer", "kafka", "backend")
         messages = [m.for_template() for m in request.messages]
         try:
-            prompt_ids = service.tokenizer.chat_prompt_ids(messages, request.tools)
+            prompt = service.tokenizer.prompts.build(messages, request.tools, trajectory.last_conversation,
+                                                     trajectory.context_ids)
         except Exception as exc:  # the template refused the conversation (e.g. roles out of order)
             raise bad_request(f"messages: the chat template cannot render this conversation: {exc}",
                               param="messages") from None
-        check_prompt_length(prompt_ids, service.settings.prompt_length)
+        check_prompt_length(prompt.ids, service.settings.prompt_length)
         sampling = request.engine_params(service.settings.response_length)
-        call = _Call(service, trajectory, request, messages, prompt_ids, sampling)
+        call = _Call(service, trajectory, request, messages, prompt, sampling)
         try:
             call.first_step = service.store.reserve_steps(trajectory.trajectory_uid, request.n)
         except LookupError as exc:  # completed by a concurrent request since it was looked up
@@ -98,9 +101,9 @@ class _Call:
     """One chat completion request of one trajectory."""
 
     def __init__(self, service: GatewayService, trajectory: Trajectory, request: ChatCompletionRequest,
-                 messages: list[dict[str, Any]], prompt_ids: list[int], sampling: dict[str, Any]) -> None:
+                 messages: list[dict[str, Any]], prompt: Prompt, sampling: dict[str, Any]) -> None:
         self.service, self.trajectory, self.request = service, trajectory, request
-        self.messages, self.prompt_ids, self.sampling = messages, prompt_ids, sampling
+        self.messages, self.prompt, self.prompt_ids, self.sampling = messages, prompt, prompt.ids, sampling
         self.first_step = 0
         self.published = False
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -124,22 +127,36 @@ class _Call:
             message["tool_calls"] = parsed.tool_calls
         return message
 
+    def _lineage(self, choice: int, moved: bool) -> dict[str, Any]:
+        """Where a step stands in its trajectory's token sequence (``SEGMENT_START`` / ``CONTINUES``)."""
+        previous = self.trajectory.context_step
+        if choice > 0 or (previous is not None and (self.prompt.new_segment or moved)):
+            return {SEGMENT_START: True}
+        if previous is not None and previous != self.first_step - 1:
+            return {CONTINUES: previous}
+        return {}
+
     async def _publish(self, backend: str, completions: list[Completion],
                        parsed: list[tool_calls.ParsedOutput]) -> None:
-        t = self.trajectory
-        version = self.service.policy_version(t)
-        steps = [Step(prompt_ids=self.prompt_ids, response_ids=c.token_ids, trajectory_uid=t.trajectory_uid,
-                      prompt_uid=t.prompt_uid, step_index=self.first_step + i, policy_version=version,
-                      metadata={**t.metadata, "finish_reason": c.finish_reason},
-                      rollout_log_probs=c.logprobs, channel=t.channel, n_rollouts=t.n_rollouts)
-                 for i, c in enumerate(completions)]
-        self.service.metrics.engine_latency.observe(time.monotonic() - self.started)
-        await self.service.publish(steps, t.channel, "chat", t.n_rollouts)
-        self.published = True
-        self.service.store.record_published(t.trajectory_uid, len(steps), self.messages + [self._message(parsed[0])],
-                                            backend)
-        log.debug("chat step published trajectory=%s step=%d backend=%s", t.trajectory_uid, self.first_step,
-                  backend)
+        t, service = self.trajectory, self.service
+        version = service.policy_version(t)
+        service.metrics.engine_latency.observe(time.monotonic() - self.started)
+        async with service.publishing(t.trajectory_uid):  # the context this prompt continued is still the last
+            moved = service.store.context_step(t.trajectory_uid) != t.context_step
+            steps = [Step(prompt_ids=self.prompt_ids, response_ids=c.token_ids, trajectory_uid=t.trajectory_uid,
+                          prompt_uid=t.prompt_uid, step_index=self.first_step + i, policy_version=version,
+                          metadata={**t.metadata, "finish_reason": c.finish_reason, **self._lineage(i, moved)},
+                          rollout_log_probs=c.logprobs, channel=t.channel, n_rollouts=t.n_rollouts)
+                     for i, c in enumerate(completions)]
+            await service.publish(steps, t.channel, "chat", t.n_rollouts)
+            self.published = True
+            service.store.record_published(t.trajectory_uid, len(steps), self.messages + [self._message(parsed[0])],
+                                           backend, self.prompt_ids + completions[0].token_ids, self.first_step)
+        kind = "first" if t.context_step is None else "new_segment" if SEGMENT_START in steps[0].metadata \
+            else "continued"
+        service.metrics.prompts.labels(kind).inc()
+        log.debug("chat step published trajectory=%s step=%d backend=%s prompt=%s", t.trajectory_uid,
+                  self.first_step, backend, kind)
 
     def _usage(self, completions: list[Completion]) -> dict[str, int]:
         generated = sum(len(c.token_ids) for c in completions)

@@ -12,6 +12,7 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway.conversation import CUMULATIVE, MULTI_TURN_MODES
 from infra.arguments import positive_int
 from infra.paths import trajbus_cache_dir
 from streams.topics import DEFAULT_PREFIX, validate_channel
@@ -41,6 +42,7 @@ class GatewaySettings:
     health_interval: float = 2.0
     backend_timeout: float = 600.0
     served_model_name: str = "trajbus"
+    multi_turn: str = CUMULATIVE
 
     @property
     def base_address(self) -> str:
@@ -96,6 +98,10 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body-bytes", type=positive_int, default=8 * 2**20)
     parser.add_argument("--health-interval", type=float, default=2.0, help="seconds between backend health checks")
     parser.add_argument("--served-model-name", default="trajbus", help="model name in responses")
+    parser.add_argument("--multi-turn", choices=MULTI_TURN_MODES, default=CUMULATIVE,
+                        help="black-box prompts: 'cumulative' continues the sampled tokens of the conversation "
+                             "(token-consistent turns), 'render' re-renders the whole conversation at every "
+                             "call (default: %(default)s)")
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:

@@ -19,6 +19,9 @@ class GatewayMetrics:
                              ["channel", "source"], registry=r)
         self.tokens = Counter("trajbus_gateway_tokens", "Prompt and response tokens of published steps",
                               ["kind"], registry=r)
+        self.prompts = Counter("trajbus_gateway_prompts", "Black-box prompts: a trajectory's first, one that "
+                               "continues its sampled tokens, or one that starts a new segment",
+                               ["kind"], registry=r)
         self.trajectories = Counter("trajbus_gateway_trajectories", "Black-box trajectories by event",
                                     ["event"], registry=r)
         self.publish_latency = Histogram("trajbus_gateway_publish_seconds", "Produce-to-acknowledgement time",

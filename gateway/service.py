@@ -15,6 +15,7 @@ import secrets
 import threading
 import time
 import uuid
+import weakref
 from typing import Any
 
 from gateway.backends import BackendPool
@@ -37,7 +38,7 @@ class GatewayService:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.metrics = GatewayMetrics()
-        self.tokenizer = ChatTokenizer(settings.tokenizer_path)
+        self.tokenizer = ChatTokenizer(settings.tokenizer_path, settings.multi_turn)
         self.backends = BackendPool(settings.vllm_addresses, settings.backend_timeout, settings.health_interval)
         self.store = TrajectoryStore(settings.state_dir)
         self.store.reopen_interrupted()
@@ -49,6 +50,7 @@ class GatewayService:
         self.kafka_error: str | None = "connecting to Kafka"
         self.started_at = time.time()
         self._stop = threading.Event()
+        self._publishing: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     # -- lifecycle --------------------------------------------------------------
     async def start(self) -> None:
@@ -125,6 +127,13 @@ class GatewayService:
                 if step.is_last:
                     self.metrics.reward.labels(str(step.policy_version)).observe(step.reward)
         return count
+
+    def publishing(self, trajectory_uid: str) -> asyncio.Lock:
+        """One trajectory's calls publish one at a time (each sees the context the previous one left)."""
+        lock = self._publishing.get(trajectory_uid)
+        if lock is None:
+            lock = self._publishing[trajectory_uid] = asyncio.Lock()
+        return lock
 
     def policy_version(self, trajectory: Trajectory) -> int:
         if trajectory.policy_version is not None:
@@ -239,5 +248,6 @@ class GatewayService:
                 "policy_versions": self.policy.versions() if self.policy is not None else {},
                 "steps_published": total(self.metrics.steps),
                 "tokens": total(self.metrics.tokens),
+                "prompts": total(self.metrics.prompts),
                 "requests": total(self.metrics.requests),
                 "backends": self.backends.describe()}

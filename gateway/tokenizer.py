@@ -1,8 +1,8 @@
 """The gateway's tokenizer, loaded in the background so the HTTP server answers at once.
 
-Prompts are built here, never by the engine: ``prompt_ids`` of a Step are the
-chat template of the whole conversation with the generation prompt, exactly as
-the engine receives them, so the trainer sees the tokens that were sampled from.
+Prompts are built here, never by the engine (see ``gateway.conversation``):
+``prompt_ids`` of a Step are exactly what the engine receives, so the trainer
+sees the tokens that were sampled from.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+
+from gateway.conversation import CUMULATIVE, PromptBuilder
 
 log = logging.getLogger("trajbus.gateway")
 
@@ -20,9 +21,11 @@ class TokenizerNotReady(RuntimeError):
 
 
 class ChatTokenizer:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, multi_turn: str = CUMULATIVE) -> None:
         self.path = path
+        self.multi_turn = multi_turn
         self._tokenizer = None
+        self._prompts: PromptBuilder | None = None
         self.error: str | None = None
         self._loaded = threading.Event()
 
@@ -39,6 +42,7 @@ class ChatTokenizer:
             tokenizer = AutoTokenizer.from_pretrained(self.path)
             if not getattr(tokenizer, "chat_template", None):
                 raise ValueError(f"tokenizer at {self.path} has no chat template")
+            self._prompts = PromptBuilder(tokenizer, self.multi_turn)
             self._tokenizer = tokenizer
             log.info("tokenizer loaded path=%s vocab=%d seconds=%.2f", self.path, len(tokenizer),
                      time.monotonic() - started)
@@ -61,12 +65,11 @@ class ChatTokenizer:
             raise TokenizerNotReady(self.error or "tokenizer is still loading")
         return self._tokenizer
 
-    def chat_prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        """Token ids of the conversation's chat template, generation prompt included."""
-        tokenizer = self.tokenizer
-        text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                             add_generation_prompt=True)
-        return tokenizer.encode(text, add_special_tokens=False)
+    @property
+    def prompts(self) -> PromptBuilder:
+        if self._prompts is None:
+            raise TokenizerNotReady(self.error or "tokenizer is still loading")
+        return self._prompts
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -10,12 +10,17 @@ continues the same trajectories with the right step indices.
 Step indices are reserved before the engine is called and given back only if
 the call fails before anything was published: a crash can leave a gap in a
 trajectory's indices, never a duplicate.
+
+The token state of the conversation (``context_ids``: the last prompt and the
+response sampled for it, and the index of that step) is kept as packed 32-bit
+ids, so a restarted gateway continues the conversation token-exactly.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from array import array
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,9 +43,12 @@ CREATE TABLE IF NOT EXISTS trajectories (
     status TEXT NOT NULL,
     last_conversation TEXT,
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    context_ids BLOB,
+    context_step INTEGER
 )
 """
+_ADDED_COLUMNS = {"context_ids": "BLOB", "context_step": "INTEGER"}  # absent from state of older gateways
 
 
 @dataclass
@@ -58,6 +66,21 @@ class Trajectory:
     status: str = OPEN
     last_conversation: list[dict[str, Any]] | None = None
     created_at: float = field(default_factory=time.time)
+    context_ids: list[int] | None = None
+    """Prompt + sampled response of step ``context_step``: what the next call continues."""
+    context_step: int | None = None
+
+
+def _pack(ids: list[int]) -> bytes:
+    return array("i", ids).tobytes()
+
+
+def _unpack(blob: bytes | None) -> list[int] | None:
+    if blob is None:
+        return None
+    ids = array("i")
+    ids.frombytes(blob)
+    return ids.tolist()
 
 
 class TrajectoryStore:
@@ -70,19 +93,24 @@ class TrajectoryStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes
         self._db.execute(_SCHEMA)
+        present = {row[1] for row in self._db.execute("PRAGMA table_info(trajectories)")}
+        for name, kind in _ADDED_COLUMNS.items():
+            if name not in present:
+                self._db.execute(f"ALTER TABLE trajectories ADD COLUMN {name} {kind}")
         self._lock = threading.Lock()
 
     def _row(self, row: tuple) -> Trajectory:
         (uid, prompt_uid, channel, n_rollouts, metadata, version, backend, next_step, published, status,
-         conversation, created_at, _updated) = row
+         conversation, created_at, _updated, context_ids, context_step) = row
         return Trajectory(uid, prompt_uid, channel, n_rollouts, json.loads(metadata), version, backend, next_step,
-                          published, status, json.loads(conversation) if conversation else None, created_at)
+                          published, status, json.loads(conversation) if conversation else None, created_at,
+                          _unpack(context_ids), context_step)
 
     def create(self, trajectory: Trajectory) -> None:
         now = time.time()
         with self._lock:
             self._db.execute(
-                "INSERT INTO trajectories VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO trajectories VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,NULL)",
                 (trajectory.trajectory_uid, trajectory.prompt_uid, trajectory.channel, trajectory.n_rollouts,
                  json.dumps(trajectory.metadata), trajectory.policy_version, trajectory.backend,
                  trajectory.next_step, trajectory.published_steps, trajectory.status, None, now, now))
@@ -92,6 +120,13 @@ class TrajectoryStore:
             row = self._db.execute("SELECT * FROM trajectories WHERE trajectory_uid = ?",
                                    (trajectory_uid,)).fetchone()
         return None if row is None else self._row(row)
+
+    def context_step(self, trajectory_uid: str) -> int | None:
+        """The step the trajectory's token state ends with (None: no call published yet)."""
+        with self._lock:
+            row = self._db.execute("SELECT context_step FROM trajectories WHERE trajectory_uid = ?",
+                                   (trajectory_uid,)).fetchone()
+        return None if row is None else row[0]
 
     def update(self, trajectory_uid: str, **values: Any) -> None:
         """Set columns; ``metadata`` and ``last_conversation`` are stored as JSON."""
@@ -121,13 +156,15 @@ class TrajectoryStore:
                              (first, trajectory_uid, first + count))
 
     def record_published(self, trajectory_uid: str, count: int, conversation: list[dict[str, Any]],
-                         backend: str) -> None:
-        """After the broker acknowledged a call's steps: count them, keep the conversation and backend."""
+                         backend: str, context_ids: list[int], context_step: int) -> None:
+        """After the broker acknowledged a call's steps: count them, keep the conversation, its token
+        state and the backend."""
         with self._lock:
             self._db.execute(
                 "UPDATE trajectories SET published_steps = published_steps + ?, last_conversation = ?, "
-                "backend = ?, updated_at = ? WHERE trajectory_uid = ?",
-                (count, json.dumps(conversation), backend, time.time(), trajectory_uid))
+                "backend = ?, context_ids = ?, context_step = ?, updated_at = ? WHERE trajectory_uid = ?",
+                (count, json.dumps(conversation), backend, _pack(context_ids), context_step, time.time(),
+                 trajectory_uid))
 
     def transition(self, trajectory_uid: str, from_status: str, to_status: str) -> bool:
         """Atomic status change; False if the trajectory was not in ``from_status``."""

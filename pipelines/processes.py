@@ -14,10 +14,12 @@ import httpx
 
 
 class ServiceProcess:
-    """One ``trajbus`` subcommand running as a child process, its output in a log file."""
+    """One ``trajbus`` subcommand (or another module's ``main``) running as a child process, its
+    output in a log file."""
 
-    def __init__(self, args: list[str], log_file: Path | str, env: dict[str, str] | None = None) -> None:
-        self.args = args
+    def __init__(self, args: list[str], log_file: Path | str, env: dict[str, str] | None = None,
+                 module: str = "pipelines.cli") -> None:
+        self.args, self.module = args, module
         self.log_file = Path(log_file)
         self.env = env
         self.process: subprocess.Popen | None = None
@@ -28,7 +30,7 @@ class ServiceProcess:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "pipelines.cli", *self.args],
+                [sys.executable, "-m", self.module, *self.args],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **(self.env or {})}, start_new_session=own_session,
             )

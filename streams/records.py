@@ -22,6 +22,13 @@ from streams.topics import validate_channel
 _U32 = 2**32
 _I64 = 2**63
 
+SEGMENT_START = "segment_start"
+"""Step metadata key: true when the step's prompt does not extend its trajectory's previous context
+(the agent edited or restarted its history, or the step is an extra choice of an ``n > 1`` call)."""
+CONTINUES = "continues"
+"""Step metadata key: the step_index whose prompt + response this step's prompt extends, when that is
+not ``step_index - 1`` (e.g. after the extra choices of an ``n > 1`` call)."""
+
 
 def _check_str(name: str, value: object) -> str:
     if not isinstance(value, str) or not value:

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 CHAT_TEMPLATE = (HERE / "chat_template.jinja").read_text()
+REASONING_TEMPLATE = (HERE / "reasoning_template.jinja").read_text()
+"""The same ChatML turns, but earlier assistant turns lose their ``<think>`` block (Qwen3-style)."""
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 BUILD_VERSION = 2  # bump when the corpus, the architecture or the training changes
@@ -123,6 +125,23 @@ def _build_tokenizer(texts: list[str]):
     return tokenizer
 
 
+def build_tokenizer():
+    """The tiny model's tokenizer alone (a second of BPE training; no model, nothing cached)."""
+    examples = corpus()
+    scratch = _build_tokenizer([json.dumps(m) for m, _ in examples])  # vocabulary pass, refined below
+    return _build_tokenizer([scratch.apply_chat_template(m, tools=t, tokenize=False) for m, t in examples])
+
+
+def with_reasoning_template(model_dir: Path, target: Path) -> Path:
+    """A copy of ``model_dir``'s tokenizer whose chat template is ``REASONING_TEMPLATE``."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = REASONING_TEMPLATE
+    tokenizer.save_pretrained(target)
+    return target
+
+
 def render(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
            add_generation_prompt: bool = False) -> list[int]:
     """Token ids of the chat template of ``messages``."""
@@ -174,9 +193,7 @@ def build(target: Path | None = None, max_steps: int = 1500, seed: int = 0) -> P
         return target
     torch.manual_seed(seed)
     examples = corpus()
-    scratch = _build_tokenizer([json.dumps(m) for m, _ in examples])  # vocabulary pass, refined below
-    texts = [scratch.apply_chat_template(m, tools=t, tokenize=False) for m, t in examples]
-    tokenizer = _build_tokenizer(texts)
+    tokenizer = build_tokenizer()
     sequences = [render(tokenizer, m, t) for m, t in examples]
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048,

@@ -89,9 +89,16 @@ def test_plain_streaming_and_tool_calls_are_captured_token_exactly(
     steps = [e for _, e in events if isinstance(e, Step)]
     assert [s.step_index for s in steps] == [0, 1, 2]
     assert isinstance(events[-1][1], TrajectoryEnd) and events[-1][1].reward == 0.75
-    for step, (conversation, tools, sampling, content) in zip(steps, calls):
-        expected_prompt = tokenizer.encode(tokenizer.apply_chat_template(
+    def rendered(conversation, tools) -> list[int]:
+        return tokenizer.encode(tokenizer.apply_chat_template(
             conversation, tools=tools, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+
+    # The second call continues the first's sampled tokens; the third starts a new conversation.
+    turn = tokenizer.encode("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    expected_prompts = [rendered(*calls[0][:2]), steps[0].prompt_ids + steps[0].response_ids + tokenizer.encode("\n")
+                        + turn, rendered(*calls[2][:2])]
+    assert [s.metadata.get("segment_start", False) for s in steps] == [False, False, True]
+    for step, expected_prompt, (conversation, tools, sampling, content) in zip(steps, expected_prompts, calls):
         assert step.prompt_ids == expected_prompt
         generated = engine(inference_server, step.prompt_ids, **sampling)
         assert step.response_ids == generated["token_ids"], "response ids must be exactly what the engine sampled"

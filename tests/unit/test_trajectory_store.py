@@ -67,11 +67,32 @@ def test_a_release_after_a_later_reservation_leaves_a_gap_not_a_duplicate(store)
 
 def test_record_published_keeps_count_conversation_and_backend(store):
     new(store)
-    store.record_published("t1", 2, [{"role": "user", "content": "hi"}], "http://b:1")
-    store.record_published("t1", 1, [{"role": "assistant", "content": "yo"}], "http://c:1")
+    assert (store.get("t1").context_ids, store.get("t1").context_step) == (None, None)
+    store.record_published("t1", 2, [{"role": "user", "content": "hi"}], "http://b:1", [1, 2], 0)
+    store.record_published("t1", 1, [{"role": "assistant", "content": "yo"}], "http://c:1", [1, 2, 3, 150_000], 2)
     t = store.get("t1")
     assert (t.published_steps, t.backend) == (3, "http://c:1")
     assert t.last_conversation == [{"role": "assistant", "content": "yo"}]
+    assert (t.context_ids, t.context_step) == ([1, 2, 3, 150_000], 2)
+
+
+def test_state_of_an_older_gateway_gains_the_token_state_columns(tmp_path):
+    (tmp_path / "state").mkdir()
+    old = sqlite3.connect(tmp_path / "state" / "trajectories.sqlite3")
+    old.execute("CREATE TABLE trajectories (trajectory_uid TEXT PRIMARY KEY, prompt_uid TEXT NOT NULL, "
+                "channel TEXT NOT NULL, n_rollouts INTEGER, metadata TEXT NOT NULL, policy_version INTEGER, "
+                "backend TEXT, next_step INTEGER NOT NULL DEFAULT 0, published_steps INTEGER NOT NULL DEFAULT 0, "
+                "status TEXT NOT NULL, last_conversation TEXT, created_at REAL NOT NULL, updated_at REAL NOT NULL)")
+    old.execute("INSERT INTO trajectories VALUES ('t0','p','train',NULL,'{}',NULL,NULL,1,1,'open',NULL,0,0)")
+    old.commit()
+    old.close()
+    store = TrajectoryStore(tmp_path / "state")
+    try:
+        assert (store.get("t0").published_steps, store.get("t0").context_ids) == (1, None)
+        store.record_published("t0", 1, [], "http://a:1", [7], 1)
+        assert store.get("t0").context_ids == [7]
+    finally:
+        store.close()
 
 
 def test_completing_twice_succeeds_once_and_closes_reservations(store):
@@ -97,7 +118,7 @@ def test_state_survives_reopening_and_interrupted_completions_reopen(tmp_path):
     for uid in ("done", "cut", "open"):
         new(first, uid, metadata={"uid": uid})
     first.reserve_steps("open", 3)
-    first.record_published("open", 3, [{"role": "user", "content": "q"}], "http://a:1")
+    first.record_published("open", 3, [{"role": "user", "content": "q"}], "http://a:1", [5, 6], 0)
     first.transition("done", OPEN, COMPLETING)
     first.transition("done", COMPLETING, COMPLETED)
     first.transition("cut", OPEN, COMPLETING)  # the process dies here

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from consumers.backends import VerlBackend
-from streams.records import Step
+from streams.records import CONTINUES, SEGMENT_START, Step
 
 
 def step(traj: str, index: int, prompt: list[int], response: list[int], reward: float = 0.0,
@@ -57,6 +57,21 @@ def test_trajectory_rows_join_turns_and_mask_what_the_model_did_not_say():
     assert list(batch.non_tensor_batch["step_index"]) == [1]
 
 
+def test_trajectory_rows_split_at_segment_starts_and_follow_what_a_step_continues():
+    steps = [
+        step("a", 0, [11], [21]),
+        step("a", 1, [11, 21, 31], [22]),  # an n=2 call: choice 0 continues the conversation...
+        step("a", 2, [11, 21, 31], [23], metadata={SEGMENT_START: True}),  # ...choice 1 is a row of its own
+        step("a", 3, [11, 21, 31, 22, 32], [24], metadata={CONTINUES: 1}),
+        step("a", 4, [40], [41], reward=1.0, metadata={SEGMENT_START: True}),  # the agent started over
+    ]
+    rows = VerlBackend(prompt_length=4, response_length=6, row_mode="trajectory").rows(steps)
+    assert [(r.prompt, r.response, r.response_mask) for r in rows] == [
+        ([11], [21, 31, 22, 32, 24], [1, 0, 1, 0, 1]), ([11, 21, 31], [23], [1]), ([40], [41], [1])]
+    assert [[s.step_index for s in r.steps] for r in rows] == [[0, 1, 3], [2], [4]]
+    assert [r.reward for r in rows] == [1.0, 1.0, 1.0]
+
+
 def test_log_probs_only_when_every_step_has_them():
     steps = [step("a", 0, [1], [2], log_probs=[-1.0]), step("b", 0, [1], [3])]
     assert "rollout_log_probs" not in VerlBackend(2, 2).convert(steps).batch.keys()
@@ -68,6 +83,8 @@ def test_log_probs_only_when_every_step_has_them():
     ([step("a", 0, [1], [2]), step("a", 1, [9, 9], [3])], VerlBackend(4, 4, row_mode="trajectory"),
      "step a#1: its prompt does not extend"),
     ([], VerlBackend(2, 2), "empty batch"),
+    ([step("a", 0, [1], [2]), step("a", 2, [1, 2], [3], metadata={CONTINUES: 1})],
+     VerlBackend(4, 4, row_mode="trajectory"), "step a#2: the step it continues is not in the batch"),
     ([step("a", 0, [1], [2]), step("a", 1, [1, 2], [3], uid="q")], VerlBackend(4, 4, row_mode="trajectory"),
      "step a#1: prompt_uid 'q' differs from its group's 'p'"),
 ])

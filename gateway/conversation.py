@@ -1,0 +1,122 @@
+"""Cumulative token capture: the next prompt of a conversation is its previous prompt, the
+tokens sampled for it, and only the new messages' part of the chat template.
+
+Rendering the whole conversation again at every call re-encodes earlier replies
+from their text. BPE has many encodings of one string, engines sample
+non-canonical ones all the time, and reasoning templates drop earlier
+``<think>`` blocks from history: the re-rendered prompt then holds tokens that
+were never sampled, and a multi-turn trajectory is no longer one sequence. So
+when a request's messages extend the conversation the gateway already holds
+(the same messages, the assistant turns as the gateway returned them), the
+prompt is ``context_ids`` (the last prompt + its sampled response) followed by
+the template text of the new messages, found by rendering them after a
+stand-in assistant turn. Otherwise the whole conversation is rendered and the
+step starts a new segment. Only the new messages are rendered: the cost of a
+call does not grow with the conversation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+CUMULATIVE, RENDER = "cumulative", "render"
+MULTI_TURN_MODES = (CUMULATIVE, RENDER)
+
+_MARK = "\ue000trajbus-assistant\ue000"  # content of the stand-in assistant turn (private-use characters)
+_STAND_IN = [{"role": "user", "content": "\ue001"}, {"role": "assistant", "content": _MARK}]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    new_segment: bool
+    """True when the trajectory has a previous context and this prompt does not extend it."""
+
+
+def _arguments(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _normal(message: dict[str, Any]) -> tuple:
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        calls.append((function.get("name"), _arguments(function.get("arguments"))))
+    return (message.get("role"), message.get("content") or "", calls, message.get("name"),
+            message.get("tool_call_id"))
+
+
+def extends(messages: list[dict[str, Any]], conversation: list[dict[str, Any]] | None) -> bool:
+    """Whether ``messages`` start with ``conversation`` (content and tool calls, arguments as JSON)."""
+    if not conversation or len(messages) < len(conversation):
+        return False
+    return all(_normal(a) == _normal(b) for a, b in zip(messages, conversation))
+
+
+def _overlap(context_ids: list[int], closing_ids: list[int]) -> int:
+    """How many of the template's end-of-turn ids the sampled response already ends with."""
+    for k in range(min(len(closing_ids), len(context_ids)), 0, -1):
+        if context_ids[-k:] == closing_ids[:k]:
+            return k
+    return 0
+
+
+class PromptBuilder:
+    """Prompt ids of one call from the messages and the trajectory's token state."""
+
+    def __init__(self, tokenizer: Any, mode: str = CUMULATIVE) -> None:
+        if mode not in MULTI_TURN_MODES:
+            raise ValueError(f"multi_turn: must be one of {MULTI_TURN_MODES}, got {mode!r}")
+        self.tokenizer, self.mode = tokenizer, mode
+
+    def _text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+              generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=generation_prompt)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """The whole conversation's chat template, generation prompt included."""
+        return self._encode(self._text(messages, tools, True))
+
+    def continuation(self, context_ids: list[int], new_messages: list[dict[str, Any]],
+                     tools: list[dict[str, Any]] | None) -> list[int] | None:
+        """``context_ids`` + the template of ``new_messages`` after an assistant turn; None if the
+        template does not separate them (then the caller renders the whole conversation)."""
+        try:
+            closed = self._text(_STAND_IN, tools, False)
+            text = self._text(_STAND_IN + new_messages, tools, True)
+        except Exception:  # a template that refuses the stand-in: render the whole conversation
+            return None
+        if _MARK not in closed or _MARK not in text:
+            return None
+        closing = closed[closed.index(_MARK) + len(_MARK):]  # what the template writes after a reply
+        tail = text[text.index(_MARK) + len(_MARK):]
+        if not tail.startswith(closing):
+            return None
+        closing_ids, tail_ids = self._encode(closing), self._encode(tail)
+        if tail_ids[:len(closing_ids)] != closing_ids:  # BPE merged across the end of the turn
+            return None
+        return context_ids + tail_ids[_overlap(context_ids, closing_ids):]
+
+    def build(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+              conversation: list[dict[str, Any]] | None, context_ids: list[int] | None) -> Prompt:
+        """The prompt of a call whose trajectory last saw ``conversation`` with ``context_ids``.
+
+        Raises what the chat template raises for a conversation it cannot render.
+        """
+        if self.mode == CUMULATIVE and context_ids and extends(messages, conversation):
+            ids = self.continuation(context_ids, messages[len(conversation):], tools)
+            if ids is not None:
+                return Prompt(ids, False)
+        ids = self.render(messages, tools)
+        return Prompt(ids, bool(context_ids) and ids[:len(context_ids)] != context_ids)

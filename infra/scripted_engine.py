@@ -1,0 +1,113 @@
+"""An OpenAI/vLLM-compatible engine that answers from a script, instantly and token-exactly.
+
+Two things need an engine whose output is known in advance: tests of token
+consistency, where the sampled ids must be a non-canonical encoding of their
+text (as real engines sample at temperature > 0: BPE has many encodings of one
+string), and the gateway benchmark, where the engine must cost nothing so the
+figure is the gateway's own. This engine serves the same HTTP API as
+``infra.inference_server`` (it is that server's app around another engine): each
+request gets the next reply of the script, encoded character by character and
+ended by EOS, and every prompt it received can be appended to a JSON-lines file.
+
+Run: ``python -m infra.scripted_engine --tokenizer-path DIR --replies replies.json --port 8000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+from infra.inference_server import RequestError, Sample, SamplingParams, create_app
+
+log = logging.getLogger("trajbus.scripted_engine")
+
+LOG_PROB = -0.25  # every scripted token's log-probability
+
+
+def noncanonical_ids(tokenizer: Any, text: str) -> list[int]:
+    """``text`` as one id per character (added tokens such as ``<tool_call>`` stay one id): a valid
+    encoding of the text that the tokenizer's own BPE merges would not produce."""
+    added = sorted(tokenizer.get_added_vocab().items(), key=lambda item: -len(item[0]))
+    ids: list[int] = []
+    position = 0
+    while position < len(text):
+        token = next(((t, i) for t, i in added if text.startswith(t, position)), None)
+        if token is not None:
+            ids.append(token[1])
+            position += len(token[0])
+            continue
+        ids += tokenizer.encode(text[position], add_special_tokens=False)
+        position += 1
+    return ids
+
+
+class ScriptedEngine:
+    """The engine interface of ``infra.inference_server`` with replies from a script."""
+
+    def __init__(self, tokenizer_path: Path, replies: list[str], record: Path | None = None,
+                 max_length: int = 1 << 20) -> None:
+        from transformers import AutoTokenizer
+
+        if not replies:
+            raise ValueError("replies: the script needs at least one reply")
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.model_dir = tokenizer_path
+        self.max_length = max_length
+        self.loads = 1
+        eos = self.tokenizer.eos_token_id
+        self._replies = itertools.cycle([(text, noncanonical_ids(self.tokenizer, text) + [eos]) for text in replies])
+        self._record = record
+        self._lock = threading.Lock()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scripted")
+
+    def generator(self, seed: int | None) -> None:
+        return None
+
+    def load_weights(self, model_dir: Path) -> float:
+        raise RequestError("a scripted engine has no weights to load")
+
+    def sample(self, prompt_ids: list[int], params: SamplingParams, generator: None,
+               on_token: Callable[[int, float, str], None] | None = None) -> Sample:
+        with self._lock:
+            text, ids = next(self._replies)
+            if self._record is not None:
+                with self._record.open("a") as out:
+                    out.write(json.dumps({"prompt_ids": prompt_ids}) + "\n")
+        finish = "stop"
+        if len(ids) > params.max_tokens:
+            ids, finish = ids[:params.max_tokens], "length"
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if on_token is not None:
+            for k, token in enumerate(ids):
+                on_token(token, LOG_PROB, self.tokenizer.decode(ids[:k + 1], skip_special_tokens=True))
+        return Sample(list(ids), [LOG_PROB] * len(ids), text, finish)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(prog="python -m infra.scripted_engine", description=__doc__.split("\n")[0])
+    parser.add_argument("--tokenizer-path", type=Path, required=True)
+    parser.add_argument("--replies", type=Path, required=True, help="JSON list of reply texts, served in turn")
+    parser.add_argument("--record", type=Path, help="append every received prompt to this JSON-lines file")
+    parser.add_argument("--served-model-name", default="trajbus-scripted")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    engine = ScriptedEngine(args.tokenizer_path, json.loads(args.replies.read_text()), args.record)
+    log.info("scripted engine serving %s on http://%s:%d", args.tokenizer_path, args.host, args.port)
+    uvicorn.run(create_app(engine, args.served_model_name), host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=5)
+    engine.executor.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
