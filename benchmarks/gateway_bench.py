@@ -112,6 +112,7 @@ async def level(client: httpx.AsyncClient, engine: str, gateway: str, agents: in
            "direct_rps": len(d) / direct_s, "gateway_rps": len(g) / via_s}
     row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
     row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
+    row["throughput_ratio"] = row["gateway_rps"] / row["direct_rps"]
     per_turn = [{"turn": t + 1, "prompt_tokens": len(prompts[t]),
                  "direct_p50_ms": 1000 * statistics.median(direct_turns[t]),
                  "gateway_p50_ms": 1000 * statistics.median(via_turns[t])} for t in range(TURNS)]
@@ -136,11 +137,12 @@ async def measure(engine: str, gateway: str, turns: list[list[dict]], prompts: l
 
 def print_tables(result: dict) -> None:
     print(f"{'agents':>6} {'requests':>8} | {'direct p50':>10} {'p99':>7} {'req/s':>7} | "
-          f"{'gateway p50':>11} {'p99':>7} {'req/s':>7} | {'added p50':>9} {'p99':>7}")
+          f"{'gateway p50':>11} {'p99':>7} {'req/s':>7} | {'added p50':>9} {'p99':>7} {'ratio':>6}")
     for r in result["levels"]:
         print(f"{r['agents']:>6} {r['requests']:>8} | {r['direct_p50_ms']:>8.2f}ms {r['direct_p99_ms']:>5.0f}ms "
               f"{r['direct_rps']:>7.1f} | {r['gateway_p50_ms']:>9.2f}ms {r['gateway_p99_ms']:>5.0f}ms "
-              f"{r['gateway_rps']:>7.1f} | {r['added_p50_ms']:>7.2f}ms {r['added_p99_ms']:>5.0f}ms")
+              f"{r['gateway_rps']:>7.1f} | {r['added_p50_ms']:>7.2f}ms {r['added_p99_ms']:>5.0f}ms "
+              f"{r['throughput_ratio']:>5.2f}x")
     print(f"\n1 agent, by turn number:\n{'turn':>4} {'prompt tokens':>13} | {'direct p50':>10} | "
           f"{'gateway p50':>11} | {'added p50':>9}")
     for t in result["per_turn"]:

@@ -27,7 +27,9 @@ from infra.inference_server import RequestError, Sample, SamplingParams, create_
 
 log = logging.getLogger("trajbus.scripted_engine")
 
-LOG_PROB = -0.25  # every scripted token's log-probability
+def log_probs(count: int) -> list[float]:
+    """Varied, deterministic log-probabilities (a real engine's are never constant)."""
+    return [-0.01 - 0.37 * ((k * 7919) % 13) / 13 for k in range(count)]
 
 
 def noncanonical_ids(tokenizer: Any, text: str) -> list[int]:
@@ -83,10 +85,11 @@ class ScriptedEngine:
         if len(ids) > params.max_tokens:
             ids, finish = ids[:params.max_tokens], "length"
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        values = log_probs(len(ids))
         if on_token is not None:
             for k, token in enumerate(ids):
-                on_token(token, LOG_PROB, self.tokenizer.decode(ids[:k + 1], skip_special_tokens=True))
-        return Sample(list(ids), [LOG_PROB] * len(ids), text, finish)
+                on_token(token, values[k], self.tokenizer.decode(ids[:k + 1], skip_special_tokens=True))
+        return Sample(list(ids), values, text, finish)
 
 
 def main(argv: list[str] | None = None) -> int:
