@@ -73,7 +73,7 @@ class BodySizeLimit:
 
     async def _reject(self, send: Send) -> None:
         error = GatewayError(413, f"request body exceeds {self.max_bytes} bytes", code="request_too_large")
-        response = JSONResponse(error.body(), 413)
+        response = error.response()
         await response({"type": "http"}, None, send)  # type: ignore[arg-type]
 
 
@@ -222,8 +222,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                                   body: CompleteTrajectoryRequest | None = None) -> dict[str, Any]:
         body = body or CompleteTrajectoryRequest()
         trajectory = service.trajectory(trajectory_uid, prompt_uid)
-        reward = await service.complete(trajectory, body.reward, body.metadata)
+        reward, steps = await service.complete(trajectory, body.reward, body.metadata)
         return {"trajectory_uid": trajectory_uid, "prompt_uid": prompt_uid, "reward": reward,
-                "steps": trajectory.published_steps}
+                "steps": len(steps), "step_indices": steps}
 
     return app

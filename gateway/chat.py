@@ -8,6 +8,11 @@ one log-probability per id: nothing is re-encoded from text. The reply, plain or
 streamed as OpenAI chunks, is built from the same generation; tool calls are
 parsed from it when the request offers tools. Steps are acknowledged by the
 broker before the reply completes (before ``finish_reason`` when streaming).
+
+Step indices are taken when the engine has answered, under the trajectory's
+publish lock, and only acknowledged steps count as the trajectory's
+(``gateway.trajectories``): a call that fails, before or after the engine, never
+leaves an index for the worker to wait on or for a retry to reuse.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from gateway import tool_calls
 from gateway.backends import BackendError, Completion, NoBackendAvailable
 from gateway.conversation import Prompt
-from gateway.errors import GatewayError, bad_request, conflict, unavailable
+from gateway.errors import RETRY_SECONDS, GatewayError, bad_request, conflict, unavailable
 from gateway.schemas import ChatCompletionRequest
 from gateway.service import GatewayService
 from gateway.trajectories import Trajectory
@@ -38,7 +43,7 @@ def backend_failure(exc: Exception) -> GatewayError:
         return unavailable(str(exc), code="no_backend")
     status = getattr(exc, "status", 502)
     return GatewayError(status, str(exc), type_="invalid_request_error" if status == 400 else "backend_error",
-                        code="backend_error")
+                        code="backend_error", retry_after=RETRY_SECONDS if status >= 500 else None)
 
 
 def check_prompt_length(prompt_ids: list[int], limit: int, what: str = "messages") -> None:
@@ -82,19 +87,12 @@ class ChatCompletions:
             raise bad_request(f"messages: the chat template cannot render this conversation: {exc}",
                               param="messages") from None
         check_prompt_length(prompt.ids, service.settings.prompt_length)
+        await service.ensure_channel(trajectory.channel)  # Kafka down: 503 before the engine does any work
         sampling = request.engine_params(service.settings.response_length)
         call = _Call(service, trajectory, request, messages, prompt, sampling)
-        try:
-            call.first_step = service.store.reserve_steps(trajectory.trajectory_uid, request.n)
-        except LookupError as exc:  # completed by a concurrent request since it was looked up
-            raise conflict(str(exc)) from None
-        try:
-            if request.stream:
-                return await call.stream()
-            return await call.complete()
-        except BaseException:
-            call.release()
-            raise
+        if request.stream:
+            return await call.stream()
+        return await call.complete()
 
 
 class _Call:
@@ -105,15 +103,10 @@ class _Call:
         self.service, self.trajectory, self.request = service, trajectory, request
         self.messages, self.prompt, self.prompt_ids, self.sampling = messages, prompt, prompt.ids, sampling
         self.first_step = 0
-        self.published = False
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = request.model or service.settings.served_model_name
         self.started = time.monotonic()
-
-    def release(self) -> None:
-        if not self.published:
-            self.service.store.release_steps(self.trajectory.trajectory_uid, self.first_step, self.request.n)
 
     def _parse(self, completion: Completion) -> tool_calls.ParsedOutput:
         if self.request.tools:
@@ -142,6 +135,10 @@ class _Call:
         version = service.policy_version(t)
         service.metrics.engine_latency.observe(time.monotonic() - self.started)
         async with service.publishing(t.trajectory_uid):  # the context this prompt continued is still the last
+            try:  # taken for good: if the broker's answer is lost, the record may still land with it
+                self.first_step = service.store.take_steps(t.trajectory_uid, len(completions))
+            except LookupError as exc:  # completed by a concurrent request since it was looked up
+                raise conflict(str(exc)) from None
             moved = service.store.context_step(t.trajectory_uid) != t.context_step
             steps = [Step(prompt_ids=self.prompt_ids, response_ids=c.token_ids, trajectory_uid=t.trajectory_uid,
                           prompt_uid=t.prompt_uid, step_index=self.first_step + i, policy_version=version,
@@ -149,9 +146,9 @@ class _Call:
                           rollout_log_probs=c.logprobs, channel=t.channel, n_rollouts=t.n_rollouts)
                      for i, c in enumerate(completions)]
             await service.publish(steps, t.channel, "chat", t.n_rollouts)
-            self.published = True
-            service.store.record_published(t.trajectory_uid, len(steps), self.messages + [self._message(parsed[0])],
-                                           backend, self.prompt_ids + completions[0].token_ids, self.first_step)
+            service.store.record_published(t.trajectory_uid, self.first_step, len(steps),
+                                           self.messages + [self._message(parsed[0])], backend,
+                                           self.prompt_ids + completions[0].token_ids, self.first_step)
         kind = "first" if t.context_step is None else "new_segment" if SEGMENT_START in steps[0].metadata \
             else "continued"
         service.metrics.prompts.labels(kind).inc()
@@ -212,12 +209,8 @@ class _Call:
         except (BackendError, GatewayError) as exc:
             error = backend_failure(exc) if isinstance(exc, BackendError) else exc
             log.warning("chat stream failed trajectory=%s error=%s", self.trajectory.trajectory_uid, error.message)
-            self.release()
             yield f"data: {json.dumps(error.body())}\n\n"
             return
-        except BaseException:
-            self.release()  # client went away or the server is stopping: nothing was published
-            raise
         for choice, output in zip(completions, parsed):
             if output.tool_calls:
                 calls = [{"index": k, **call} for k, call in enumerate(output.tool_calls)]

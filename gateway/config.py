@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.conversation import CUMULATIVE, MULTI_TURN_MODES
-from infra.arguments import positive_int
+from infra.arguments import positive_float, positive_int
 from infra.paths import trajbus_cache_dir
 from streams.topics import DEFAULT_PREFIX, validate_channel
 
@@ -41,6 +41,8 @@ class GatewaySettings:
     max_body_bytes: int = 8 * 2**20
     health_interval: float = 2.0
     backend_timeout: float = 600.0
+    publish_timeout: float = 30.0
+    """Seconds the broker has to acknowledge a call's steps (and to provision a new channel) before a 503."""
     served_model_name: str = "trajbus"
     multi_turn: str = CUMULATIVE
 
@@ -97,6 +99,9 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where per-trajectory state survives restarts (default: %(default)s)")
     parser.add_argument("--max-body-bytes", type=positive_int, default=8 * 2**20)
     parser.add_argument("--health-interval", type=float, default=2.0, help="seconds between backend health checks")
+    parser.add_argument("--publish-timeout", type=positive_float, default=30.0,
+                        help="seconds the broker has to acknowledge a call's steps before the call is "
+                             "answered 503 (default: %(default)s)")
     parser.add_argument("--served-model-name", default="trajbus", help="model name in responses")
     parser.add_argument("--multi-turn", choices=MULTI_TURN_MODES, default=CUMULATIVE,
                         help="black-box prompts: 'cumulative' continues the sampled tokens of the conversation "

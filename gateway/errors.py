@@ -22,9 +22,15 @@ class GatewayError(Exception):
     """An error with an HTTP status and an OpenAI-style body."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.retry_after = retry_after
+        """Seconds after which a retry may succeed (the ``Retry-After`` header); None: do not retry."""
+
+    def response(self) -> JSONResponse:
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        return JSONResponse(self.body(), self.status, headers=headers)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -42,8 +48,12 @@ def conflict(message: str) -> GatewayError:
     return GatewayError(409, message, code="conflict")
 
 
-def unavailable(message: str, code: str = "not_ready") -> GatewayError:
-    return GatewayError(503, message, type_="service_unavailable", code=code)
+RETRY_SECONDS = 2
+"""What a 503 tells the client to wait: the broker, a backend or the gateway itself is not ready yet."""
+
+
+def unavailable(message: str, code: str = "not_ready", retry_after: int = RETRY_SECONDS) -> GatewayError:
+    return GatewayError(503, message, type_="service_unavailable", code=code, retry_after=retry_after)
 
 
 def from_value_error(exc: ValueError) -> GatewayError:
@@ -63,7 +73,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
         if exc.status >= 500:
             log.warning("request failed path=%s status=%d error=%s", request.url.path, exc.status, exc.message)
-        return JSONResponse(exc.body(), exc.status)
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -74,10 +84,10 @@ def install_error_handlers(app: FastAPI) -> None:
         else:
             where = _location(tuple(first.get("loc", ())))
             error = bad_request(f"{where}: {first.get('msg', 'invalid value')}", param=where)
-        return JSONResponse(error.body(), error.status)
+        return error.response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
         error = GatewayError(exc.status_code, str(exc.detail), code=code)
-        return JSONResponse(error.body(), exc.status_code)
+        return error.response()

@@ -27,11 +27,19 @@ from gateway.tokenizer import ChatTokenizer
 from gateway.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
 from infra.bootstrap import resolve_bootstrap_servers
 from streams.policy import PolicyWatcher
-from streams.producer import DeliveryError, StepProducer
-from streams.records import Step, validate_metadata
+from streams.producer import DeliveryError, StepProducer, TopicsUnavailable
+from streams.records import END_STEPS, Step, validate_metadata
 from streams.topics import validate_channel
 
 log = logging.getLogger("trajbus.gateway")
+
+
+def kafka_failure(exc: DeliveryError, what: str) -> GatewayError:
+    """503 for records the broker did not take; a retry is a new record (and a new step index)."""
+    if isinstance(exc, TopicsUnavailable):
+        return unavailable(f"Kafka unavailable, nothing was sent: {exc}", code="kafka_unavailable")
+    return unavailable(f"{what} not acknowledged by the broker: {exc}. A retry is sent as new; an "
+                       "unacknowledged step is never part of its trajectory", code="not_acknowledged")
 
 
 class GatewayService:
@@ -65,7 +73,7 @@ class GatewayService:
         while not self._stop.is_set():
             try:
                 servers = resolve_bootstrap_servers(self.settings.bootstrap_servers)
-                producer = StepProducer(servers, prefix=self.settings.prefix)
+                producer = StepProducer(servers, prefix=self.settings.prefix, timeout=self.settings.publish_timeout)
                 producer.provision(self.settings.default_channel)
                 self.policy = PolicyWatcher(servers, prefix=self.settings.prefix)
                 self.producer, self.kafka_error, self.bootstrap_servers = producer, None, servers
@@ -117,7 +125,7 @@ class GatewayService:
         except ValueError as exc:
             raise from_value_error(exc) from None
         except DeliveryError as exc:
-            raise unavailable(f"steps not acknowledged by the broker: {exc}", code="not_acknowledged") from None
+            raise kafka_failure(exc, "steps") from None
         self.metrics.publish_latency.observe(time.monotonic() - started)
         self.metrics.steps.labels(channel, source).inc(count)
         for step in steps:
@@ -127,6 +135,14 @@ class GatewayService:
                 if step.is_last:
                     self.metrics.reward.labels(str(step.policy_version)).observe(step.reward)
         return count
+
+    async def ensure_channel(self, channel: str) -> None:
+        """Provision a channel's topics (once) before a step index is taken for it."""
+        self.require("kafka")
+        try:
+            await asyncio.to_thread(self.producer.provision, channel)
+        except DeliveryError as exc:
+            raise kafka_failure(exc, "steps") from None
 
     def publishing(self, trajectory_uid: str) -> asyncio.Lock:
         """One trajectory's calls publish one at a time (each sees the context the previous one left)."""
@@ -195,31 +211,34 @@ class GatewayService:
         return dataclasses.replace(trajectory, **changes)
 
     async def complete(self, trajectory: Trajectory, reward: float | None,
-                       metadata: dict[str, Any] | None) -> float:
-        """Score (when no reward is given) and publish the trajectory's end; 409 the second time."""
-        if trajectory.published_steps == 0:
-            raise bad_request(f"trajectory {trajectory.trajectory_uid} has no steps to complete",
-                              code="empty_trajectory")
+                       metadata: dict[str, Any] | None) -> tuple[float, list[int]]:
+        """Score (when no reward is given) and publish the trajectory's end naming its acknowledged
+        steps (``END_STEPS``); 409 the second time. Returns the reward and those step indices."""
+        uid = trajectory.trajectory_uid
+        if not trajectory.acknowledged:
+            raise bad_request(f"trajectory {uid} has no steps to complete", code="empty_trajectory")
         if reward is None:
             reward = await self.score(self.reward_input(trajectory))
         self.require("kafka")
-        if not self.store.transition(trajectory.trajectory_uid, OPEN, COMPLETING):
-            raise conflict(f"trajectory {trajectory.trajectory_uid} is already completed")
-        try:
-            await asyncio.to_thread(self.producer.complete_trajectory, trajectory.trajectory_uid,
-                                    trajectory.prompt_uid, reward, trajectory.channel, trajectory.n_rollouts,
-                                    self._metadata(metadata))
-        except BaseException as exc:
-            self.store.transition(trajectory.trajectory_uid, COMPLETING, OPEN)  # the agent may retry
-            if isinstance(exc, DeliveryError):
-                raise unavailable(f"trajectory end not acknowledged: {exc}", code="not_acknowledged") from None
-            raise
-        self.store.transition(trajectory.trajectory_uid, COMPLETING, COMPLETED)
+        metadata = self._metadata(metadata)
+        async with self.publishing(uid):  # calls in flight have published or failed: the list is final
+            if not self.store.transition(uid, OPEN, COMPLETING):
+                raise conflict(f"trajectory {uid} is already completed")
+            steps = self.store.get(uid).acknowledged
+            try:
+                await asyncio.to_thread(self.producer.complete_trajectory, uid, trajectory.prompt_uid, reward,
+                                        trajectory.channel, trajectory.n_rollouts, metadata, steps)
+            except BaseException as exc:
+                self.store.transition(uid, COMPLETING, OPEN)  # the agent may retry
+                if isinstance(exc, DeliveryError):
+                    raise kafka_failure(exc, "trajectory end") from None
+                raise
+            self.store.transition(uid, COMPLETING, COMPLETED)
         self.metrics.trajectories.labels("completed").inc()
         self.metrics.reward.labels(str(self.policy_version(trajectory))).observe(reward)
-        log.info("trajectory completed trajectory=%s prompt=%s steps=%d reward=%s", trajectory.trajectory_uid,
-                 trajectory.prompt_uid, trajectory.published_steps, reward)
-        return reward
+        log.info("trajectory completed trajectory=%s prompt=%s steps=%d reward=%s", uid, trajectory.prompt_uid,
+                 len(steps), reward)
+        return reward, steps
 
     @staticmethod
     def reward_input(trajectory: Trajectory) -> dict[str, Any]:

@@ -7,9 +7,13 @@ conversation for the reward function) lives here, in SQLite under
 committed transaction survives SIGKILL of the process, so a restarted gateway
 continues the same trajectories with the right step indices.
 
-Step indices are reserved before the engine is called and given back only if
-the call fails before anything was published: a crash can leave a gap in a
-trajectory's indices, never a duplicate.
+A call takes its step indices when it publishes (under the trajectory's publish
+lock, after the engine answered) and never gives them back: a record whose fate
+is unknown (not acknowledged in time, the gateway killed while waiting) may still
+reach the broker, so its index is never used again. The indices the broker did
+acknowledge are kept (``acknowledged``); the trajectory's end names them, and the
+worker assembles exactly those steps, so a gap is never waited for and an
+unacknowledged record never reaches the trainer.
 
 The token state of the conversation (``context_ids``: the last prompt and the
 response sampled for it, and the index of that step) is kept as packed 32-bit
@@ -45,10 +49,11 @@ CREATE TABLE IF NOT EXISTS trajectories (
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
     context_ids BLOB,
-    context_step INTEGER
+    context_step INTEGER,
+    acknowledged BLOB
 )
 """
-_ADDED_COLUMNS = {"context_ids": "BLOB", "context_step": "INTEGER"}  # absent from state of older gateways
+_ADDED_COLUMNS = {"context_ids": "BLOB", "context_step": "INTEGER", "acknowledged": "BLOB"}  # absent from state of older gateways
 
 
 @dataclass
@@ -69,6 +74,8 @@ class Trajectory:
     context_ids: list[int] | None = None
     """Prompt + sampled response of step ``context_step``: what the next call continues."""
     context_step: int | None = None
+    acknowledged: list[int] = field(default_factory=list)
+    """Indices of the steps the broker acknowledged: what the trajectory consists of."""
 
 
 def _pack(ids: list[int]) -> bytes:
@@ -101,16 +108,16 @@ class TrajectoryStore:
 
     def _row(self, row: tuple) -> Trajectory:
         (uid, prompt_uid, channel, n_rollouts, metadata, version, backend, next_step, published, status,
-         conversation, created_at, _updated, context_ids, context_step) = row
+         conversation, created_at, _updated, context_ids, context_step, acknowledged) = row
         return Trajectory(uid, prompt_uid, channel, n_rollouts, json.loads(metadata), version, backend, next_step,
                           published, status, json.loads(conversation) if conversation else None, created_at,
-                          _unpack(context_ids), context_step)
+                          _unpack(context_ids), context_step, _unpack(acknowledged) or [])
 
     def create(self, trajectory: Trajectory) -> None:
         now = time.time()
         with self._lock:
             self._db.execute(
-                "INSERT INTO trajectories VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,NULL)",
+                "INSERT INTO trajectories VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,NULL,NULL)",
                 (trajectory.trajectory_uid, trajectory.prompt_uid, trajectory.channel, trajectory.n_rollouts,
                  json.dumps(trajectory.metadata), trajectory.policy_version, trajectory.backend,
                  trajectory.next_step, trajectory.published_steps, trajectory.status, None, now, now))
@@ -138,8 +145,8 @@ class TrajectoryStore:
             self._db.execute(f"UPDATE trajectories SET {columns}, updated_at = ? WHERE trajectory_uid = ?",
                              (*values.values(), time.time(), trajectory_uid))
 
-    def reserve_steps(self, trajectory_uid: str, count: int) -> int:
-        """Take the next ``count`` step indices of an open trajectory; returns the first."""
+    def take_steps(self, trajectory_uid: str, count: int) -> int:
+        """Take the next ``count`` step indices of an open trajectory for good; returns the first."""
         with self._lock:
             row = self._db.execute(
                 "UPDATE trajectories SET next_step = next_step + ?, updated_at = ? "
@@ -149,22 +156,20 @@ class TrajectoryStore:
             raise LookupError(f"trajectory {trajectory_uid} is not open")
         return row[0] - count
 
-    def release_steps(self, trajectory_uid: str, first: int, count: int) -> None:
-        """Give reserved indices back, if no later call reserved after them."""
-        with self._lock:
-            self._db.execute("UPDATE trajectories SET next_step = ? WHERE trajectory_uid = ? AND next_step = ?",
-                             (first, trajectory_uid, first + count))
-
-    def record_published(self, trajectory_uid: str, count: int, conversation: list[dict[str, Any]],
+    def record_published(self, trajectory_uid: str, first: int, count: int, conversation: list[dict[str, Any]],
                          backend: str, context_ids: list[int], context_step: int) -> None:
-        """After the broker acknowledged a call's steps: count them, keep the conversation, its token
-        state and the backend."""
+        """After the broker acknowledged a call's steps ``first``..``first + count - 1``: keep their
+        indices, the conversation, its token state and the backend."""
         with self._lock:
+            row = self._db.execute("SELECT acknowledged FROM trajectories WHERE trajectory_uid = ?",
+                                   (trajectory_uid,)).fetchone()
+            acknowledged = (_unpack(row[0]) if row else None) or []
             self._db.execute(
-                "UPDATE trajectories SET published_steps = published_steps + ?, last_conversation = ?, "
-                "backend = ?, context_ids = ?, context_step = ?, updated_at = ? WHERE trajectory_uid = ?",
-                (count, json.dumps(conversation), backend, _pack(context_ids), context_step, time.time(),
-                 trajectory_uid))
+                "UPDATE trajectories SET published_steps = published_steps + ?, acknowledged = ?, "
+                "last_conversation = ?, backend = ?, context_ids = ?, context_step = ?, updated_at = ? "
+                "WHERE trajectory_uid = ?",
+                (count, _pack(acknowledged + list(range(first, first + count))), json.dumps(conversation),
+                 backend, _pack(context_ids), context_step, time.time(), trajectory_uid))
 
     def transition(self, trajectory_uid: str, from_status: str, to_status: str) -> bool:
         """Atomic status change; False if the trajectory was not in ``from_status``."""

@@ -8,6 +8,9 @@ figure is the gateway's own. This engine serves the same HTTP API as
 ``infra.inference_server`` (it is that server's app around another engine): each
 request gets the next reply of the script, encoded character by character and
 ended by EOS, and every prompt it received can be appended to a JSON-lines file.
+A reply may also be ``{"text": ..., "delay": seconds}`` (a slow call) or
+``{"fail": message, "delay": seconds}`` (a call the engine fails with HTTP 500),
+so tests can script an engine's faults.
 
 Run: ``python -m infra.scripted_engine --tokenizer-path DIR --replies replies.json --port 8000``.
 """
@@ -19,13 +22,24 @@ import itertools
 import json
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from infra.inference_server import RequestError, Sample, SamplingParams, create_app
 
 log = logging.getLogger("trajbus.scripted_engine")
+
+
+@dataclass
+class ScriptedReply:
+    text: str
+    ids: list[int]
+    delay: float = 0.0
+    fail: str | None = None
+
 
 def log_probs(count: int) -> list[float]:
     """Varied, deterministic log-probabilities (a real engine's are never constant)."""
@@ -52,7 +66,7 @@ def noncanonical_ids(tokenizer: Any, text: str) -> list[int]:
 class ScriptedEngine:
     """The engine interface of ``infra.inference_server`` with replies from a script."""
 
-    def __init__(self, tokenizer_path: Path, replies: list[str], record: Path | None = None,
+    def __init__(self, tokenizer_path: Path, replies: list[str | dict[str, Any]], record: Path | None = None,
                  max_length: int = 1 << 20) -> None:
         from transformers import AutoTokenizer
 
@@ -62,11 +76,17 @@ class ScriptedEngine:
         self.model_dir = tokenizer_path
         self.max_length = max_length
         self.loads = 1
-        eos = self.tokenizer.eos_token_id
-        self._replies = itertools.cycle([(text, noncanonical_ids(self.tokenizer, text) + [eos]) for text in replies])
+        self._replies = itertools.cycle([self._scripted(reply) for reply in replies])
         self._record = record
         self._lock = threading.Lock()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scripted")
+
+    def _scripted(self, reply: str | dict[str, Any]) -> ScriptedReply:
+        if isinstance(reply, str):
+            reply = {"text": reply}
+        text = reply.get("text", "")
+        return ScriptedReply(text, noncanonical_ids(self.tokenizer, text) + [self.tokenizer.eos_token_id],
+                             float(reply.get("delay", 0.0)), reply.get("fail"))
 
     def generator(self, seed: int | None) -> None:
         return None
@@ -77,11 +97,14 @@ class ScriptedEngine:
     def sample(self, prompt_ids: list[int], params: SamplingParams, generator: None,
                on_token: Callable[[int, float, str], None] | None = None) -> Sample:
         with self._lock:
-            text, ids = next(self._replies)
+            reply = next(self._replies)
             if self._record is not None:
                 with self._record.open("a") as out:
                     out.write(json.dumps({"prompt_ids": prompt_ids}) + "\n")
-        finish = "stop"
+        time.sleep(reply.delay)  # the scripted engine's latency
+        if reply.fail is not None:
+            raise RuntimeError(reply.fail)
+        text, ids, finish = reply.text, reply.ids, "stop"
         if len(ids) > params.max_tokens:
             ids, finish = ids[:params.max_tokens], "length"
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -97,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m infra.scripted_engine", description=__doc__.split("\n")[0])
     parser.add_argument("--tokenizer-path", type=Path, required=True)
-    parser.add_argument("--replies", type=Path, required=True, help="JSON list of reply texts, served in turn")
+    parser.add_argument("--replies", type=Path, required=True, help="JSON list of replies served in turn: texts, or objects with text|fail and delay")
     parser.add_argument("--record", type=Path, help="append every received prompt to this JSON-lines file")
     parser.add_argument("--served-model-name", default="trajbus-scripted")
     parser.add_argument("--host", default="127.0.0.1")

@@ -7,7 +7,9 @@ table and calls ``add`` for every event.
 Rules:
 - a step counts once per (trajectory_uid, step_index): redeliveries are ignored;
 - a trajectory is complete once its ``is_last`` step or its ``TrajectoryEnd`` has
-  arrived and its steps 0..last are all present;
+  arrived and its steps 0..last are all present; when the end names the trajectory's
+  steps (``END_STEPS``, as the gateway does), once those are present, and the
+  trajectory is exactly those steps: an unnamed one (sent, never acknowledged) is left out;
 - a ``TrajectoryEnd`` with a reward sets the reward of the trajectory's last step;
 - a group is ready when ``n_rollouts`` trajectories are complete, where
   ``n_rollouts`` is the registered size (on any of its events), else the default.
@@ -42,6 +44,8 @@ class PendingGroup:
     steps: dict[tuple[str, int], Step] = field(default_factory=dict)
     ended: dict[str, float | None] = field(default_factory=dict)
     """Trajectories that received a TrajectoryEnd, with its reward (None: keep the step's)."""
+    members: dict[str, list[int]] = field(default_factory=dict)
+    """The step indices of trajectories whose end named them."""
     first_seen: float = field(default_factory=time.time)
     last_offset: int = -1
     """Source offset of the newest event applied: a replayed event at or below it is a duplicate."""
@@ -60,6 +64,8 @@ class PendingGroup:
             if event.trajectory_uid in self.ended:
                 return Outcome.DUPLICATE
             self.ended[event.trajectory_uid] = event.reward
+            if event.steps is not None:
+                self.members[event.trajectory_uid] = sorted(event.steps)
         return Outcome.READY if self.is_ready(default_n_rollouts) else Outcome.ACCEPTED
 
     # -- queries ---------------------------------------------------------------
@@ -72,6 +78,10 @@ class PendingGroup:
             by_trajectory.setdefault(step.trajectory_uid, []).append(step)
         complete = []
         for uid, steps in by_trajectory.items():
+            if uid in self.members:
+                if {step.step_index for step in steps}.issuperset(self.members[uid]):
+                    complete.append(uid)
+                continue
             last = max(step.step_index for step in steps)
             closed = uid in self.ended or any(step.is_last for step in steps)
             if closed and len(steps) == last + 1:  # indices are unique, so this means 0..last
@@ -81,10 +91,15 @@ class PendingGroup:
     def is_ready(self, default_n_rollouts: int) -> bool:
         return len(self.complete_trajectories()) >= self.expected_size(default_n_rollouts)
 
+    def _member(self, step: Step) -> bool:
+        named = self.members.get(step.trajectory_uid)
+        return named is None or step.step_index in named
+
     def to_ready_group(self, default_n_rollouts: int, status: str = "complete") -> ReadyGroup:
         """The complete trajectories' steps, ordered by (trajectory_uid, step_index)."""
         chosen = set(self.complete_trajectories())
-        steps = sorted((s for s in self.steps.values() if s.trajectory_uid in chosen), key=lambda s: s.key)
+        steps = sorted((s for s in self.steps.values() if s.trajectory_uid in chosen and self._member(s)),
+                       key=lambda s: s.key)
         last_of: dict[str, int] = {}
         for position, step in enumerate(steps):
             last_of[step.trajectory_uid] = position
@@ -104,10 +119,12 @@ class PendingGroup:
         """The pending state in the ReadyGroup encoding, with status ``pending``."""
         return ReadyGroup(prompt_uid=self.prompt_uid, channel=self.channel, steps=list(self.steps.values()),
                           n_rollouts=self.n_rollouts or 0, ready_at=self.first_seen, status="pending",
-                          metadata={"ended": self.ended, "last_offset": self.last_offset})
+                          metadata={"ended": self.ended, "members": self.members,
+                                    "last_offset": self.last_offset})
 
     @classmethod
     def from_record(cls, record: ReadyGroup) -> "PendingGroup":
         return cls(prompt_uid=record.prompt_uid, channel=record.channel, n_rollouts=record.n_rollouts or None,
                    steps={step.key: step for step in record.steps}, ended=dict(record.metadata.get("ended", {})),
+                   members=dict(record.metadata.get("members", {})),
                    first_seen=record.ready_at, last_offset=record.metadata.get("last_offset", -1))

@@ -14,12 +14,12 @@ import threading
 import time
 from typing import Any, Iterable, Mapping
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from infra.bootstrap import resolve_bootstrap_servers
 from infra.topics import ensure_topics
 from streams import codec
-from streams.records import Step, TrajectoryEnd
+from streams.records import END_STEPS, Step, TrajectoryEnd
 from streams.topics import DEFAULT_PREFIX, TopicSettings, steps_topic, validate_channel
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 
 class DeliveryError(RuntimeError):
     """The broker did not acknowledge every record of a call."""
+
+
+class TopicsUnavailable(DeliveryError):
+    """A channel's topics could not be provisioned (the broker is unreachable): nothing was sent."""
 
 
 class _Acks:
@@ -109,8 +113,11 @@ class StepProducer:
         validate_channel(channel)
         with self._provision_lock:
             if channel not in self._provisioned:
-                ensure_topics(self.bootstrap_servers,
-                              self.settings.shared_specs() + self.settings.channel_specs(channel))
+                try:
+                    ensure_topics(self.bootstrap_servers,
+                                  self.settings.shared_specs() + self.settings.channel_specs(channel), self.timeout)
+                except (KafkaException, RuntimeError) as exc:
+                    raise TopicsUnavailable(f"topics of channel {channel!r} not provisioned: {exc}") from exc
                 self._provisioned.add(channel)
 
     def _topic(self, channel: str) -> str:
@@ -167,11 +174,19 @@ class StepProducer:
         channel: str = "train",
         n_rollouts: int | None = None,
         metadata: dict | None = None,
+        steps: Iterable[int] | None = None,
     ) -> None:
-        """Mark a trajectory complete; ``reward``, when given, lands on its last step."""
+        """Mark a trajectory complete; ``reward``, when given, lands on its last step.
+
+        ``steps``, when given, names the trajectory's step indices exactly (``END_STEPS``): the
+        worker waits for those and leaves any other step of the trajectory out.
+        """
+        metadata = dict(metadata or {})
+        if steps is not None:
+            metadata[END_STEPS] = list(steps)
         end = TrajectoryEnd(trajectory_uid=trajectory_uid, prompt_uid=prompt_uid, reward=reward,
                             channel=validate_channel(channel), n_rollouts=n_rollouts,
-                            metadata=metadata or {}).validate()
+                            metadata=metadata).validate()
         self._publish(self._topic(channel), [end])
 
     def close(self) -> None:

@@ -28,6 +28,10 @@ SEGMENT_START = "segment_start"
 CONTINUES = "continues"
 """Step metadata key: the step_index whose prompt + response this step's prompt extends, when that is
 not ``step_index - 1`` (e.g. after the extra choices of an ``n > 1`` call)."""
+END_STEPS = "steps"
+"""TrajectoryEnd metadata key: the step indices that make up the trajectory, exactly. A step of the
+trajectory not named is left out of its group (e.g. one the gateway sent but never saw acknowledged),
+and no index outside the list is waited for."""
 
 
 def _check_str(name: str, value: object) -> str:
@@ -70,6 +74,17 @@ def _check_metadata(name: str, metadata: object) -> dict:
 def validate_metadata(metadata: object) -> dict:
     """Metadata of any record: a JSON-serialisable dict."""
     return _check_metadata("metadata", metadata)
+
+
+def _check_step_list(value: object) -> list[int]:
+    name = f"metadata.{END_STEPS}"
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{name}: must be a non-empty list of step indices, got {value!r}")
+    for index in value:
+        _check_int(name, index)
+    if len(set(value)) != len(value):
+        raise ValueError(f"{name}: step indices must be distinct, got {value!r}")
+    return value
 
 
 def _check_n_rollouts(value: object) -> int | None:
@@ -180,7 +195,14 @@ class TrajectoryEnd:
             validate_channel(self.channel)
         _check_n_rollouts(self.n_rollouts)
         _check_metadata("metadata", self.metadata)
+        if END_STEPS in self.metadata:
+            _check_step_list(self.metadata[END_STEPS])
         return self
+
+    @property
+    def steps(self) -> list[int] | None:
+        """The step indices the trajectory consists of, when the end names them."""
+        return self.metadata.get(END_STEPS)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TrajectoryEnd":

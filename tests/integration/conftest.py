@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
@@ -106,6 +107,26 @@ def start_gateway(bootstrap_servers: str, prefix: str, tiny_model_dir: Path, tmp
     yield start
     for gateway in gateways:
         gateway.stop()
+
+
+@pytest.fixture
+def scripted_engine(tiny_model_dir: Path, tmp_path: Path):
+    """Starts the scripted engine on the tiny tokenizer: (HOST:PORT, file of the prompts it received)."""
+    engines: list[ServiceProcess] = []
+
+    def start(replies: list[str | dict]) -> tuple[str, Path]:
+        port, record = free_port(), tmp_path / f"engine{len(engines)}-prompts.jsonl"
+        (tmp_path / "replies.json").write_text(json.dumps(replies))
+        engine = ServiceProcess(["--tokenizer-path", str(tiny_model_dir), "--replies", str(tmp_path / "replies.json"),
+                                 "--record", str(record), "--port", str(port)], tmp_path / "engine.log",
+                                module="infra.scripted_engine").start()
+        engines.append(engine)
+        wait_http(f"http://127.0.0.1:{port}/health", 60, engine)
+        return f"127.0.0.1:{port}", record
+
+    yield start
+    for engine in engines:
+        engine.stop()
 
 
 @pytest.fixture

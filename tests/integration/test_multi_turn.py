@@ -19,33 +19,13 @@ from consumers import BatchConsumer
 from consumers.backends import VerlBackend
 from infra import tiny_model
 from infra.tiny_model import WEATHER_TOOL
-from pipelines.processes import ServiceProcess, free_port, wait_http
+from pipelines.processes import free_port
 from streams.producer import StepProducer
 from streams.records import CONTINUES, SEGMENT_START, Step
 from tests.helpers import fetch_groups
 
 TOOL_REPLY = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 REPLIES = [TOOL_REPLY, "<think>the tool said sunny</think>It is sunny in Paris.", "<think>polite</think>Bye now."]
-
-
-@pytest.fixture
-def scripted_engine(tiny_model_dir: Path, tmp_path: Path):
-    """Starts the scripted engine on the tiny tokenizer: (HOST:PORT, file of the prompts it received)."""
-    engines: list[ServiceProcess] = []
-
-    def start(replies: list[str]) -> tuple[str, Path]:
-        port, record = free_port(), tmp_path / f"engine{len(engines)}-prompts.jsonl"
-        (tmp_path / "replies.json").write_text(json.dumps(replies))
-        engine = ServiceProcess(["--tokenizer-path", str(tiny_model_dir), "--replies", str(tmp_path / "replies.json"),
-                                 "--record", str(record), "--port", str(port)], tmp_path / "engine.log",
-                                module="infra.scripted_engine").start()
-        engines.append(engine)
-        wait_http(f"http://127.0.0.1:{port}/health", 60, engine)
-        return f"127.0.0.1:{port}", record
-
-    yield start
-    for engine in engines:
-        engine.stop()
 
 
 def received(record: Path) -> list[list[int]]:

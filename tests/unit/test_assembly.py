@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from streams import codec
 from streams.assembly import Outcome, PendingGroup
-from streams.records import Step, TrajectoryEnd
+from streams.records import END_STEPS, Step, TrajectoryEnd
 
 
 def step(traj: str, index: int, last: bool = False, reward: float = 0.0, n_rollouts=None) -> Step:
@@ -61,5 +61,39 @@ def test_pending_state_survives_its_encoding():
     group.add(step("a", 0), 3)
     group.add(step("a", 1), 3)
     group.add(TrajectoryEnd(trajectory_uid="a", prompt_uid="p", reward=2.0), 3)
+    group.add(step("b", 1), 3)
+    group.add(TrajectoryEnd(trajectory_uid="b", prompt_uid="p", metadata={END_STEPS: [1]}), 3)
     restored = PendingGroup.from_record(codec.decode(codec.encode(group.to_record())))
     assert restored == group
+
+
+def named_end(traj: str, steps: list[int], reward: float | None = 1.0) -> TrajectoryEnd:
+    return TrajectoryEnd(trajectory_uid=traj, prompt_uid="p", reward=reward, metadata={END_STEPS: steps})
+
+
+def test_an_end_naming_its_steps_makes_the_trajectory_exactly_those():
+    group = PendingGroup("p", "train")
+    for index in (0, 1, 2):  # 1 was sent but never acknowledged: its end leaves it out
+        group.add(step("a", index), 1)
+    assert group.add(named_end("a", [2, 0], reward=0.5), 1) is Outcome.READY
+    ready = group.to_ready_group(1)
+    assert [(s.step_index, s.is_last, s.reward) for s in ready.steps] == [(0, False, 0.0), (2, True, 0.5)]
+
+
+def test_a_named_index_is_waited_for_and_an_unused_one_is_not():
+    group = PendingGroup("p", "train")
+    group.add(step("a", 1), 1)  # index 0 was taken by a call whose record never arrived
+    assert group.add(named_end("a", [1, 3]), 1) is Outcome.ACCEPTED
+    assert group.complete_trajectories() == []
+    assert group.add(step("a", 3), 1) is Outcome.READY
+    assert [s.step_index for s in group.to_ready_group(1).steps] == [1, 3]
+
+
+def test_an_unnamed_step_arriving_after_the_end_stays_out():
+    group = PendingGroup("p", "train")
+    group.add(step("a", 0), 2)
+    group.add(named_end("a", [0]), 2)
+    group.add(step("a", 1), 2)  # delivered late, after the gateway gave up on it
+    group.add(step("b", 0, last=True), 2)
+    assert group.complete_trajectories() == ["a", "b"]
+    assert [(s.trajectory_uid, s.step_index) for s in group.to_ready_group(2).steps] == [("a", 0), ("b", 0)]

@@ -56,3 +56,10 @@ def test_trajectory_end_validation():
         TrajectoryEnd(trajectory_uid="t", prompt_uid="p", reward=float("inf")).validate()
     with pytest.raises(ValueError, match="^prompt_uid: required"):
         TrajectoryEnd.from_dict({"trajectory_uid": "t"})
+
+
+@pytest.mark.parametrize("steps", [[], [0, 0], [-1], [True], "0,1", [1.0]])
+def test_an_end_naming_its_steps_names_distinct_indices(steps):
+    with pytest.raises(ValueError, match=r"^metadata\.steps: "):
+        TrajectoryEnd(trajectory_uid="t", prompt_uid="p", metadata={"steps": steps}).validate()
+    assert TrajectoryEnd(trajectory_uid="t", prompt_uid="p", metadata={"steps": [2, 0]}).validate().steps == [2, 0]

@@ -1,4 +1,4 @@
-"""The gateway's SQLite trajectory state: lookups, step reservation, completion, and restarts."""
+"""The gateway's SQLite trajectory state: lookups, step indices, acknowledged steps, completion, restarts."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_create_then_get(store):
 def test_unknown_trajectory(store):
     assert store.get("nope") is None
     with pytest.raises(LookupError, match="nope is not open"):
-        store.reserve_steps("nope", 1)
+        store.take_steps("nope", 1)
     assert store.transition("nope", OPEN, COMPLETING) is False
 
 
@@ -41,37 +41,32 @@ def test_a_uid_is_created_once(store):
         new(store)
 
 
-def test_reservations_hand_out_consecutive_indices(store):
+def test_taking_steps_hands_out_consecutive_indices(store):
     new(store)
-    assert store.reserve_steps("t1", 1) == 0
-    assert store.reserve_steps("t1", 3) == 1
-    assert store.reserve_steps("t1", 1) == 4
+    assert store.take_steps("t1", 1) == 0
+    assert store.take_steps("t1", 3) == 1
+    assert store.take_steps("t1", 1) == 4
     assert store.get("t1").next_step == 5
 
 
-def test_a_released_last_reservation_is_reused(store):
+def test_an_index_taken_by_a_step_never_acknowledged_is_neither_reused_nor_a_member(store):
     new(store)
-    store.reserve_steps("t1", 1)
-    first = store.reserve_steps("t1", 2)
-    store.release_steps("t1", first, 2)
-    assert store.reserve_steps("t1", 1) == first
+    store.record_published("t1", store.take_steps("t1", 1), 1, [], "http://a:1", [1], 0)
+    store.take_steps("t1", 1)  # sent, acknowledgement lost: the record may still land with index 1
+    third = store.take_steps("t1", 1)
+    store.record_published("t1", third, 1, [], "http://a:1", [1, 2], third)
+    assert third == 2
+    assert (store.get("t1").acknowledged, store.get("t1").published_steps) == ([0, 2], 2)
 
 
-def test_a_release_after_a_later_reservation_leaves_a_gap_not_a_duplicate(store):
+def test_record_published_keeps_indices_conversation_and_backend(store):
     new(store)
-    first = store.reserve_steps("t1", 1)
-    later = store.reserve_steps("t1", 1)
-    store.release_steps("t1", first, 1)  # too late: index 1 is taken
-    assert store.reserve_steps("t1", 1) == later + 1
-
-
-def test_record_published_keeps_count_conversation_and_backend(store):
-    new(store)
-    assert (store.get("t1").context_ids, store.get("t1").context_step) == (None, None)
-    store.record_published("t1", 2, [{"role": "user", "content": "hi"}], "http://b:1", [1, 2], 0)
-    store.record_published("t1", 1, [{"role": "assistant", "content": "yo"}], "http://c:1", [1, 2, 3, 150_000], 2)
+    assert (store.get("t1").context_ids, store.get("t1").context_step, store.get("t1").acknowledged) == \
+        (None, None, [])
+    store.record_published("t1", 0, 2, [{"role": "user", "content": "hi"}], "http://b:1", [1, 2], 0)
+    store.record_published("t1", 2, 1, [{"role": "assistant", "content": "yo"}], "http://c:1", [1, 2, 3, 150_000], 2)
     t = store.get("t1")
-    assert (t.published_steps, t.backend) == (3, "http://c:1")
+    assert (t.published_steps, t.acknowledged, t.backend) == (3, [0, 1, 2], "http://c:1")
     assert t.last_conversation == [{"role": "assistant", "content": "yo"}]
     assert (t.context_ids, t.context_step) == ([1, 2, 3, 150_000], 2)
 
@@ -89,18 +84,18 @@ def test_state_of_an_older_gateway_gains_the_token_state_columns(tmp_path):
     store = TrajectoryStore(tmp_path / "state")
     try:
         assert (store.get("t0").published_steps, store.get("t0").context_ids) == (1, None)
-        store.record_published("t0", 1, [], "http://a:1", [7], 1)
-        assert store.get("t0").context_ids == [7]
+        store.record_published("t0", 1, 1, [], "http://a:1", [7], 1)
+        assert (store.get("t0").context_ids, store.get("t0").acknowledged) == ([7], [1])
     finally:
         store.close()
 
 
-def test_completing_twice_succeeds_once_and_closes_reservations(store):
+def test_completing_twice_succeeds_once_and_takes_no_more_steps(store):
     new(store)
     assert store.transition("t1", OPEN, COMPLETING) is True
     assert store.transition("t1", OPEN, COMPLETING) is False
     with pytest.raises(LookupError):
-        store.reserve_steps("t1", 1)  # no new steps while completing
+        store.take_steps("t1", 1)  # no new steps while completing
     assert store.transition("t1", COMPLETING, COMPLETED) is True
     assert store.transition("t1", OPEN, COMPLETING) is False
     assert store.get("t1").status == COMPLETED
@@ -117,8 +112,7 @@ def test_state_survives_reopening_and_interrupted_completions_reopen(tmp_path):
     first = TrajectoryStore(tmp_path)
     for uid in ("done", "cut", "open"):
         new(first, uid, metadata={"uid": uid})
-    first.reserve_steps("open", 3)
-    first.record_published("open", 3, [{"role": "user", "content": "q"}], "http://a:1", [5, 6], 0)
+    first.record_published("open", first.take_steps("open", 3), 3, [{"role": "user", "content": "q"}], "http://a:1", [5, 6], 0)
     first.transition("done", OPEN, COMPLETING)
     first.transition("done", COMPLETING, COMPLETED)
     first.transition("cut", OPEN, COMPLETING)  # the process dies here
@@ -131,7 +125,8 @@ def test_state_survives_reopening_and_interrupted_completions_reopen(tmp_path):
         assert second.counts() == {OPEN: 2, COMPLETED: 1}
         t = second.get("open")
         assert (t.metadata, t.published_steps, t.backend) == ({"uid": "open"}, 3, "http://a:1")
-        assert second.reserve_steps("open", 1) == 3  # numbering continues after the restart
+        assert t.acknowledged == [0, 1, 2]
+        assert second.take_steps("open", 1) == 3  # numbering continues after the restart
         assert second.get("cut").status == OPEN
     finally:
         second.close()
