@@ -30,6 +30,7 @@ from typing import Awaitable, Callable
 import httpx
 
 from benchmarks.assembly_bench import RESULTS, percentile
+from gateway.backends import KEEPALIVE_SECONDS, request_body
 from infra import tiny_model
 from infra.kafka_broker import EmbeddedKafka
 from pipelines.processes import ServiceProcess, free_port, gateway_process, wait_http
@@ -95,8 +96,8 @@ async def level(client: httpx.AsyncClient, engine: str, gateway: str, agents: in
             for _ in range(agents * rounds)]
 
     def direct(c: httpx.AsyncClient, _conversation: int, turn: int) -> Awaitable[httpx.Response]:
-        return c.post(f"http://{engine}/v1/completions", json={"prompt": prompts[turn], "max_tokens": 512,
-                                                                "logprobs": 0, "return_token_ids": True})
+        return c.post(f"http://{engine}/v1/completions",  # the request the gateway makes
+                      json=request_body(prompts[turn], {"max_tokens": 512}, None, stream=False))
 
     def via(c: httpx.AsyncClient, conversation: int, turn: int) -> Awaitable[httpx.Response]:
         return c.post(f"{urls[conversation]}/chat/completions",
@@ -124,7 +125,7 @@ async def level(client: httpx.AsyncClient, engine: str, gateway: str, agents: in
 
 
 async def measure(engine: str, gateway: str, turns: list[list[dict]], prompts: list[list[int]]) -> dict:
-    limits = httpx.Limits(max_connections=600, max_keepalive_connections=600)
+    limits = httpx.Limits(max_connections=600, max_keepalive_connections=600, keepalive_expiry=KEEPALIVE_SECONDS)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         await level(client, engine, gateway, 1, 2, turns, prompts)  # warm-up, not reported
         rows, per_turn = [], []

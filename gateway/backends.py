@@ -11,9 +11,12 @@ effect outside its answer (the Step is published from the answer the gateway
 got), so the only cost of such a retry is engine time; a backend that answered,
 or broke off mid-answer, is an error, never repeated.
 
-The gateway asks for what token-exact capture needs: a token-id prompt,
-``return_token_ids`` (vLLM >= 0.10.2) and per-token ``logprobs``, with
-``return_tokens_as_token_ids`` as the fallback source of the ids.
+The gateway asks for what token-exact capture needs: a token-id prompt and
+per-token ``logprobs`` with ``return_tokens_as_token_ids``, so the sampled ids
+come with their log-probs. Not ``return_token_ids``: it makes vLLM echo the
+whole prompt's ids in every answer, which the gateway would parse only to drop
+(8k ids of JSON per call on a long conversation). An answer that carries
+``token_ids`` anyway is read from them.
 """
 
 from __future__ import annotations
@@ -77,8 +80,8 @@ def _ids_of(choice: dict[str, Any]) -> list[int]:
     tokens = (choice.get("logprobs") or {}).get("tokens") or []
     if all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
         return [int(t.split(":", 1)[1]) for t in tokens]
-    raise BackendError("backend returned no token ids (needs vLLM's return_token_ids or "
-                       "return_tokens_as_token_ids)")
+    raise BackendError("backend returned no token ids (needs vLLM's return_tokens_as_token_ids or "
+                       "return_token_ids)")
 
 
 def _logprobs_of(choice: dict[str, Any]) -> list[float]:
@@ -90,11 +93,16 @@ def _logprobs_of(choice: dict[str, Any]) -> list[float]:
 
 def request_body(prompt_ids: list[int], sampling: dict[str, Any], model: str | None, stream: bool) -> dict[str, Any]:
     """The vLLM completions request of one call."""
-    body = {"prompt": prompt_ids, "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True,
+    body = {"prompt": prompt_ids, "logprobs": 0, "return_tokens_as_token_ids": True,
             "skip_special_tokens": True, "stream": stream, **{k: v for k, v in sampling.items() if v is not None}}
     if model:
         body["model"] = model
     return body
+
+
+KEEPALIVE_SECONDS = 2.0
+"""Idle connections are dropped before servers close them (uvicorn, vLLM's server: after 5 s), so a
+request is never sent on a connection the server is closing."""
 
 
 class BackendPool:
@@ -106,7 +114,8 @@ class BackendPool:
         self.model: str | None = None
         self._sticky: dict[str, str] = {}  # trajectory uid -> backend, for white-box callers (bounded)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=5.0),
-                                        limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256))
+                                        limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256,
+                                                            keepalive_expiry=KEEPALIVE_SECONDS))
         self._health_task: asyncio.Task | None = None
 
     # -- health -----------------------------------------------------------------

@@ -212,14 +212,15 @@ def create_app(engine: Engine, model_name: str):
 
         return await loop.run_in_executor(engine.executor, work)
 
+    vocabulary = len(engine.tokenizer)  # computed once: len() of a Hugging Face tokenizer walks its vocabulary
+
     def prompt_of(body: dict) -> list[int]:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             return engine.tokenizer.encode(prompt, add_special_tokens=False)
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
             prompt = prompt[0]
-        if isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < len(engine.tokenizer)
-                                                       for t in prompt):
+        if isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < vocabulary for t in prompt):
             return prompt
         raise RequestError("prompt: must be a string or a non-empty list of valid token ids")
 
