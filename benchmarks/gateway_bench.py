@@ -9,7 +9,8 @@ Baseline: the same prompts, as token ids, straight to the engine's
 ``base_url`` (prompt built from the conversation's token state, engine call,
 Step acknowledged by Kafka, state committed). Reports latency p50/p99,
 requests/s and the added latency, per concurrency level and per turn number
-(the cost of a call must not grow with the conversation).
+(the cost of a call must not grow with the conversation), the latter also for a
+gateway with ``--multi-turn render``, which re-renders the conversation at every call.
 
 Uses TRAJBUS_BOOTSTRAP_SERVERS when set, else a throw-away embedded broker.
 Prints two tables and writes benchmarks/results/gateway.json.
@@ -124,15 +125,22 @@ async def level(client: httpx.AsyncClient, engine: str, gateway: str, agents: in
     return row, per_turn
 
 
-async def measure(engine: str, gateway: str, turns: list[list[dict]], prompts: list[list[int]]) -> dict:
+async def measure(engine: str, gateway: str, rendering: str, turns: list[list[dict]],
+                  prompts: list[list[int]]) -> dict:
+    """Every level through the gateway; then one agent through a gateway that re-renders every call
+    (``--multi-turn render``), to show what cumulative prompts save per turn."""
     limits = httpx.Limits(max_connections=600, max_keepalive_connections=600, keepalive_expiry=KEEPALIVE_SECONDS)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-        await level(client, engine, gateway, 1, 2, turns, prompts)  # warm-up, not reported
+        for url in (gateway, rendering):
+            await level(client, engine, url, 1, 2, turns, prompts)  # warm-up, not reported
+        _, rendered = await level(client, engine, rendering, 1, 10, turns, prompts)
         rows, per_turn = [], []
         for agents in LEVELS:
             row, turn_rows = await level(client, engine, gateway, agents, 10 if agents == 1 else 1, turns, prompts)
             rows.append(row)
             per_turn = per_turn or turn_rows  # per turn: the single agent, undisturbed
+    for entry, other in zip(per_turn, rendered):
+        entry["render_added_p50_ms"] = other["added_p50_ms"]
     return {"levels": rows, "per_turn": per_turn}
 
 
@@ -145,10 +153,10 @@ def print_tables(result: dict) -> None:
               f"{r['gateway_rps']:>7.1f} | {r['added_p50_ms']:>7.2f}ms {r['added_p99_ms']:>5.0f}ms "
               f"{r['throughput_ratio']:>5.2f}x")
     print(f"\n1 agent, by turn number:\n{'turn':>4} {'prompt tokens':>13} | {'direct p50':>10} | "
-          f"{'gateway p50':>11} | {'added p50':>9}")
+          f"{'gateway p50':>11} | {'added p50':>9} | {'added p50, --multi-turn render':>30}")
     for t in result["per_turn"]:
         print(f"{t['turn']:>4} {t['prompt_tokens']:>13} | {t['direct_p50_ms']:>8.2f}ms | "
-              f"{t['gateway_p50_ms']:>9.2f}ms | {t['added_p50_ms']:>7.2f}ms")
+              f"{t['gateway_p50_ms']:>9.2f}ms | {t['added_p50_ms']:>7.2f}ms | {t['render_added_p50_ms']:>28.2f}ms")
 
 
 def main() -> dict:
@@ -164,20 +172,23 @@ def main() -> dict:
         turns = conversation()
         prompts = engine_prompts(model, turns)
         (workdir / "replies.json").write_text(json.dumps([REPLY]))
-        engine_port, gateway_port = free_port(), free_port()
+        engine_port, gateway_port, rendering_port = free_port(), free_port(), free_port()
         engine = ServiceProcess(["--tokenizer-path", str(model), "--replies", str(workdir / "replies.json"),
                                  "--port", str(engine_port)], workdir / "engine.log",
                                 module="infra.scripted_engine").start()
         processes.append(engine)
-        gateway = gateway_process(bootstrap, f"bench-{uuid.uuid4().hex[:6]}", [f"127.0.0.1:{engine_port}"], model,
-                                  gateway_port, workdir / "gateway-state", workdir / "gateway.log",
-                                  ["--prompt-length", "16384", "--response-length", "512"]).start()
-        processes.append(gateway)
+        for port, mode in ((gateway_port, "cumulative"), (rendering_port, "render")):
+            gateway = gateway_process(bootstrap, f"bench-{uuid.uuid4().hex[:6]}", [f"127.0.0.1:{engine_port}"],
+                                      model, port, workdir / f"gateway-state-{mode}", workdir / f"gateway-{mode}.log",
+                                      ["--prompt-length", "16384", "--response-length", "512",
+                                       "--multi-turn", mode]).start()
+            processes.append(gateway)
+            wait_http(f"http://127.0.0.1:{port}/ready", 120, gateway)
         wait_http(f"http://127.0.0.1:{engine_port}/health", 120, engine)
-        wait_http(f"http://127.0.0.1:{gateway_port}/ready", 120, gateway)
         print(f"\ngateway: {TURNS}-turn conversations growing to {len(prompts[-1])} prompt tokens, "
               f"{len(REPLY)}-token replies from an instant engine; direct vs through the gateway")
-        result = asyncio.run(measure(f"127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}", turns, prompts))
+        result = asyncio.run(measure(f"127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}",
+                                     f"http://127.0.0.1:{rendering_port}", turns, prompts))
     finally:
         for process in reversed(processes):
             process.stop()

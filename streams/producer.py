@@ -99,7 +99,10 @@ class StepProducer:
             "bootstrap.servers": self.bootstrap_servers,
             "logger": log,  # librdkafka logs as structured Python log lines, not raw stderr
             "enable.idempotence": True,  # acks=all, no duplicates from internal retries
-            "linger.ms": 1,
+            # Every call waits for its acknowledgement, so lingering only adds latency (measured on
+            # an 8k-token step: acknowledged in 4.9 ms at linger.ms=1, 3.0 ms at 0); the records of one
+            # call still share batches, queued behind the first while it is in flight.
+            "linger.ms": 0,
             "compression.type": "lz4",
             # murmur2 is the Java client's partitioner: every producer of a topic,
             # in any language, must put one prompt_uid on the same partition.
