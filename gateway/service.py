@@ -28,7 +28,7 @@ from gateway.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory, Trajec
 from infra.bootstrap import resolve_bootstrap_servers
 from streams.policy import PolicyWatcher
 from streams.producer import DeliveryError, StepProducer, TopicsUnavailable
-from streams.records import END_STEPS, Step, validate_metadata
+from streams.records import Step, validate_metadata
 from streams.topics import validate_channel
 
 log = logging.getLogger("trajbus.gateway")

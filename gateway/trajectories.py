@@ -53,7 +53,8 @@ CREATE TABLE IF NOT EXISTS trajectories (
     acknowledged BLOB
 )
 """
-_ADDED_COLUMNS = {"context_ids": "BLOB", "context_step": "INTEGER", "acknowledged": "BLOB"}  # absent from state of older gateways
+# Columns absent from the state of older gateways, added when it is opened:
+_ADDED_COLUMNS = {"context_ids": "BLOB", "context_step": "INTEGER", "acknowledged": "BLOB"}
 
 
 @dataclass

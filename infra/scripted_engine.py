@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m infra.scripted_engine", description=__doc__.split("\n")[0])
     parser.add_argument("--tokenizer-path", type=Path, required=True)
-    parser.add_argument("--replies", type=Path, required=True, help="JSON list of replies served in turn: texts, or objects with text|fail and delay")
+    parser.add_argument("--replies", type=Path, required=True,
+                        help="JSON list of replies served in turn: texts, or objects with text|fail and delay")
     parser.add_argument("--record", type=Path, help="append every received prompt to this JSON-lines file")
     parser.add_argument("--served-model-name", default="trajbus-scripted")
     parser.add_argument("--host", default="127.0.0.1")

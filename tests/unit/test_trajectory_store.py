@@ -112,7 +112,8 @@ def test_state_survives_reopening_and_interrupted_completions_reopen(tmp_path):
     first = TrajectoryStore(tmp_path)
     for uid in ("done", "cut", "open"):
         new(first, uid, metadata={"uid": uid})
-    first.record_published("open", first.take_steps("open", 3), 3, [{"role": "user", "content": "q"}], "http://a:1", [5, 6], 0)
+    first.record_published("open", first.take_steps("open", 3), 3, [{"role": "user", "content": "q"}], "http://a:1",
+                           [5, 6], 0)
     first.transition("done", OPEN, COMPLETING)
     first.transition("done", COMPLETING, COMPLETED)
     first.transition("cut", OPEN, COMPLETING)  # the process dies here
