@@ -221,7 +221,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     async def complete_trajectory(trajectory_uid: str, prompt_uid: str,
                                   body: CompleteTrajectoryRequest | None = None) -> dict[str, Any]:
         body = body or CompleteTrajectoryRequest()
-        trajectory = service.trajectory(trajectory_uid, prompt_uid)
+        trajectory = service.trajectory(trajectory_uid, prompt_uid, open_only=False)  # 409 comes from complete
         reward, steps = await service.complete(trajectory, body.reward, body.metadata)
         return {"trajectory_uid": trajectory_uid, "prompt_uid": prompt_uid, "reward": reward,
                 "steps": len(steps), "step_indices": steps}

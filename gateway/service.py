@@ -34,12 +34,15 @@ from streams.topics import validate_channel
 log = logging.getLogger("trajbus.gateway")
 
 
-def kafka_failure(exc: DeliveryError, what: str) -> GatewayError:
-    """503 for records the broker did not take; a retry is a new record (and a new step index)."""
+STEPS_NOT_ACKNOWLEDGED = "a retry is a new step; the unacknowledged one is never part of the trajectory"
+END_NOT_ACKNOWLEDGED = "retry complete_trajectory (the same end is sent again); the trajectory takes no more calls"
+
+
+def kafka_failure(exc: DeliveryError, consequence: str) -> GatewayError:
+    """503 for records the broker did not take, saying what a retry does."""
     if isinstance(exc, TopicsUnavailable):
         return unavailable(f"Kafka unavailable, nothing was sent: {exc}", code="kafka_unavailable")
-    return unavailable(f"{what} not acknowledged by the broker: {exc}. A retry is sent as new; an "
-                       "unacknowledged step is never part of its trajectory", code="not_acknowledged")
+    return unavailable(f"not acknowledged by the broker: {exc}; {consequence}", code="not_acknowledged")
 
 
 class GatewayService:
@@ -49,7 +52,6 @@ class GatewayService:
         self.tokenizer = ChatTokenizer(settings.tokenizer_path, settings.multi_turn)
         self.backends = BackendPool(settings.vllm_addresses, settings.backend_timeout, settings.health_interval)
         self.store = TrajectoryStore(settings.state_dir)
-        self.store.reopen_interrupted()
         self.rewards = RewardScorer(settings.reward_function, settings.reward_worker_name,
                                     settings.ray_address, settings.ray_namespace)
         self.producer: StepProducer | None = None
@@ -125,7 +127,7 @@ class GatewayService:
         except ValueError as exc:
             raise from_value_error(exc) from None
         except DeliveryError as exc:
-            raise kafka_failure(exc, "steps") from None
+            raise kafka_failure(exc, STEPS_NOT_ACKNOWLEDGED) from None
         self.metrics.publish_latency.observe(time.monotonic() - started)
         self.metrics.steps.labels(channel, source).inc(count)
         for step in steps:
@@ -142,7 +144,7 @@ class GatewayService:
         try:
             await asyncio.to_thread(self.producer.provision, channel)
         except DeliveryError as exc:
-            raise kafka_failure(exc, "steps") from None
+            raise kafka_failure(exc, STEPS_NOT_ACKNOWLEDGED) from None
 
     def publishing(self, trajectory_uid: str) -> asyncio.Lock:
         """One trajectory's calls publish one at a time (each sees the context the previous one left)."""
@@ -215,6 +217,8 @@ class GatewayService:
         """Score (when no reward is given) and publish the trajectory's end naming its acknowledged
         steps (``END_STEPS``); 409 the second time. Returns the reward and those step indices."""
         uid = trajectory.trajectory_uid
+        if trajectory.status == COMPLETED:
+            raise conflict(f"trajectory {uid} is already completed")
         if not trajectory.acknowledged:
             raise bad_request(f"trajectory {uid} has no steps to complete", code="empty_trajectory")
         if reward is None:
@@ -222,17 +226,18 @@ class GatewayService:
         self.require("kafka")
         metadata = self._metadata(metadata)
         async with self.publishing(uid):  # calls in flight have published or failed: the list is final
-            if not self.store.transition(uid, OPEN, COMPLETING):
+            closed = self.store.transition(uid, OPEN, COMPLETING)  # from now on: no more calls
+            if not closed and self.store.get(uid).status != COMPLETING:  # completing: an earlier end may land
                 raise conflict(f"trajectory {uid} is already completed")
             steps = self.store.get(uid).acknowledged
             try:
                 await asyncio.to_thread(self.producer.complete_trajectory, uid, trajectory.prompt_uid, reward,
                                         trajectory.channel, trajectory.n_rollouts, metadata, steps)
-            except BaseException as exc:
-                self.store.transition(uid, COMPLETING, OPEN)  # the agent may retry
-                if isinstance(exc, DeliveryError):
-                    raise kafka_failure(exc, "trajectory end") from None
-                raise
+            except TopicsUnavailable as exc:  # nothing was sent: the trajectory may go on
+                self.store.transition(uid, COMPLETING, OPEN)
+                raise kafka_failure(exc, END_NOT_ACKNOWLEDGED) from None
+            except DeliveryError as exc:  # the end may still land: only a retry of the same end is accepted
+                raise kafka_failure(exc, END_NOT_ACKNOWLEDGED) from None
             self.store.transition(uid, COMPLETING, COMPLETED)
         self.metrics.trajectories.labels("completed").inc()
         self.metrics.reward.labels(str(self.policy_version(trajectory))).observe(reward)

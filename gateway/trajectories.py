@@ -15,6 +15,12 @@ acknowledge are kept (``acknowledged``); the trajectory's end names them, and th
 worker assembles exactly those steps, so a gap is never waited for and an
 unacknowledged record never reaches the trainer.
 
+Completing works the same way: ``completing`` is entered before the end is
+sent and left for ``completed`` when it is acknowledged; an end whose fate is
+unknown (or a gateway killed while sending it) leaves the trajectory
+``completing``: it takes no more calls, and the agent's retry sends the same
+end again (the worker counts the first to arrive).
+
 The token state of the conversation (``context_ids``: the last prompt and the
 response sampled for it, and the index of that step) is kept as packed 32-bit
 ids, so a restarted gateway continues the conversation token-exactly.
@@ -179,12 +185,6 @@ class TrajectoryStore:
                 "UPDATE trajectories SET status = ?, updated_at = ? WHERE trajectory_uid = ? AND status = ?",
                 (to_status, time.time(), trajectory_uid, from_status))
         return cursor.rowcount == 1
-
-    def reopen_interrupted(self) -> int:
-        """Completions cut off by a crash are open again: the agent's retry then completes them."""
-        with self._lock:
-            return self._db.execute("UPDATE trajectories SET status = ? WHERE status = ?",
-                                    (OPEN, COMPLETING)).rowcount
 
     def counts(self) -> dict[str, int]:
         with self._lock:

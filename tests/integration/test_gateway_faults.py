@@ -3,7 +3,8 @@
 A call that fails never leaves a step index the worker waits on, and a step the
 broker acknowledges only after its call was answered 503 (or after a streaming
 client gave up) never reaches the trainer: the trajectory's end names exactly the
-steps whose calls succeeded. Broker faults are made by pausing a broker of this
+steps whose calls succeeded, and an end whose own fate is unknown fences the
+trajectory until the agent's retry sends it again. Broker faults are made by pausing a broker of this
 test's own (SIGSTOP), so the session's broker is never disturbed.
 """
 
@@ -13,7 +14,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 import pytest
@@ -21,10 +22,11 @@ from transformers import AutoTokenizer
 
 from consumers import BatchConsumer
 from consumers.backends import VerlBackend
+from gateway.errors import RETRY_SECONDS
 from infra.kafka_broker import BrokerState, EmbeddedKafka
 from pipelines.processes import free_port, gateway_process, wait_http, worker_process
 from streams import codec
-from streams.records import CONTINUES
+from streams.records import CONTINUES, Step, TrajectoryEnd
 from streams.topics import steps_topic
 from tests.helpers import fetch_groups, read_to_end, wait_for
 
@@ -39,6 +41,21 @@ def call(base_url: str, messages: list[dict], **options) -> httpx.Response:
 def assistant(response: httpx.Response) -> dict:
     assert response.status_code == 200, response.text
     return {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]}
+
+
+def complete(trajectory: dict) -> httpx.Response:
+    return httpx.post(f"{trajectory['base_url']}/complete_trajectory", json={"reward": 1.0}, timeout=60)
+
+
+def once_kafka_is_back(send: Callable[[], httpx.Response]) -> httpx.Response:
+    """What an agent does with a 503 ``kafka_unavailable`` (nothing was sent): retry after Retry-After
+    (a new channel's topics may take longer to create than the first retry, on a broker just resumed)."""
+    def attempt() -> httpx.Response | None:
+        response = send()
+        unavailable = response.status_code == 503 and response.json()["error"]["code"] == "kafka_unavailable"
+        return None if unavailable else response
+
+    return wait_for(attempt, 60, "the broker to take the new channel", interval=RETRY_SECONDS)
 
 
 def assert_openai_error(response: httpx.Response, status: int, code: str) -> None:
@@ -62,7 +79,7 @@ def test_a_call_failing_at_the_engine_leaves_no_index_behind(
     first.join(60)
     assert_openai_error(failed[0], 502, "backend_error")
     assert assistant(second)["content"] == "Second answer."
-    done = httpx.post(f"{t['base_url']}/complete_trajectory", json={"reward": 1.0}).json()
+    done = complete(t).json()
     assert (done["steps"], done["step_indices"]) == (1, [0])
 
     start_worker(n_rollouts=1)
@@ -115,13 +132,19 @@ def test_a_paused_broker_never_puts_a_reply_the_agent_did_not_get_into_its_traje
 
         retried = assistant(call(t["base_url"], history))  # the agent's retry, after Retry-After
         assert retried["content"] == "Four."
-        assert assistant(call(fresh["base_url"], history[:1]))["content"] == "One."
-        ends = [httpx.post(f"{x['base_url']}/complete_trajectory", json={"reward": 1.0}).json() for x in (t, fresh)]
+        assert assistant(once_kafka_is_back(lambda: call(fresh["base_url"], history[:1])))["content"] == "One."
+
+        os.kill(own_broker.pid, signal.SIGSTOP)  # an end whose fate is unknown fences the trajectory
+        assert_openai_error(complete(t), 503, "not_acknowledged")
+        assert call(t["base_url"], history).json()["error"]["code"] == "conflict"
+        os.kill(own_broker.pid, signal.SIGCONT)
+        ends = [complete(x).json() for x in (t, fresh)]  # the agent's retry sends the same end
         assert [e["step_indices"] for e in ends] == [[0, 3], [0]]
 
-        # The records of the two failed calls did reach the broker, late: they must stay out.
+        # The records of the failed calls did reach the broker, late: the two steps must stay out.
         sent = [codec.decode(m.value()) for m in read_to_end(servers, steps_topic("train", prefix))]
-        assert sorted(s.step_index for s in sent if hasattr(s, "step_index")) == [0, 1, 2, 3]
+        assert sorted(s.step_index for s in sent if isinstance(s, Step)) == [0, 1, 2, 3]
+        assert [e.steps for e in sent if isinstance(e, TrajectoryEnd)] == [[0, 3], [0, 3]]
 
         worker = worker_process(servers, prefix, tmp_path / "worker.log", channels="train,fresh",
                                 n_rollouts=1).start()
