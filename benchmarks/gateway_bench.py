@@ -34,7 +34,7 @@ from benchmarks.assembly_bench import RESULTS, percentile
 from gateway.backends import KEEPALIVE_SECONDS, request_body
 from infra import tiny_model
 from infra.kafka_broker import EmbeddedKafka
-from pipelines.processes import ServiceProcess, free_port, gateway_process, wait_http
+from pipelines.processes import ServiceProcess, free_port, gateway_process, scripted_engine_process, wait_http
 
 TURNS = 10
 REPLY = ("Checked the file; the failing assertion compares the parsed header against the raw bytes, so "
@@ -171,11 +171,8 @@ def main() -> dict:
         model = tiny_model.build()
         turns = conversation()
         prompts = engine_prompts(model, turns)
-        (workdir / "replies.json").write_text(json.dumps([REPLY]))
         engine_port, gateway_port, rendering_port = free_port(), free_port(), free_port()
-        engine = ServiceProcess(["--tokenizer-path", str(model), "--replies", str(workdir / "replies.json"),
-                                 "--port", str(engine_port)], workdir / "engine.log",
-                                module="infra.scripted_engine").start()
+        engine = scripted_engine_process(engine_port, workdir, model, [REPLY]).start()
         processes.append(engine)
         for port, mode in ((gateway_port, "cumulative"), (rendering_port, "render")):
             gateway = gateway_process(bootstrap, f"bench-{uuid.uuid4().hex[:6]}", [f"127.0.0.1:{engine_port}"],

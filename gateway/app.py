@@ -222,8 +222,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                                   body: CompleteTrajectoryRequest | None = None) -> dict[str, Any]:
         body = body or CompleteTrajectoryRequest()
         trajectory = service.trajectory(trajectory_uid, prompt_uid, open_only=False)  # 409 comes from complete
-        reward, steps = await service.complete(trajectory, body.reward, body.metadata)
+        reward, done = await service.complete(trajectory, body.reward, body.metadata)
         return {"trajectory_uid": trajectory_uid, "prompt_uid": prompt_uid, "reward": reward,
-                "steps": len(steps), "step_indices": steps}
+                "steps": done.published_steps, "step_indices": done.acknowledged}
 
     return app

@@ -141,6 +141,8 @@ class GatewayService:
     async def ensure_channel(self, channel: str) -> None:
         """Provision a channel's topics (once) before a step index is taken for it."""
         self.require("kafka")
+        if self.producer.is_provisioned(channel):  # every call but a channel's first: no thread hop
+            return
         try:
             await asyncio.to_thread(self.producer.provision, channel)
         except DeliveryError as exc:
@@ -213,13 +215,14 @@ class GatewayService:
         return dataclasses.replace(trajectory, **changes)
 
     async def complete(self, trajectory: Trajectory, reward: float | None,
-                       metadata: dict[str, Any] | None) -> tuple[float, list[int]]:
+                       metadata: dict[str, Any] | None) -> tuple[float, Trajectory]:
         """Score (when no reward is given) and publish the trajectory's end naming its acknowledged
-        steps (``END_STEPS``); 409 the second time. Returns the reward and those step indices."""
+        steps (``END_STEPS``; none when unknown, and the worker's 0..last rule applies); 409 the second
+        time. Returns the reward and the trajectory as it was completed."""
         uid = trajectory.trajectory_uid
         if trajectory.status == COMPLETED:
             raise conflict(f"trajectory {uid} is already completed")
-        if not trajectory.acknowledged:
+        if not trajectory.published_steps:
             raise bad_request(f"trajectory {uid} has no steps to complete", code="empty_trajectory")
         if reward is None:
             reward = await self.score(self.reward_input(trajectory))
@@ -227,12 +230,12 @@ class GatewayService:
         metadata = self._metadata(metadata)
         async with self.publishing(uid):  # calls in flight have published or failed: the list is final
             closed = self.store.transition(uid, OPEN, COMPLETING)  # from now on: no more calls
-            if not closed and self.store.get(uid).status != COMPLETING:  # completing: an earlier end may land
+            current = self.store.get(uid)
+            if not closed and current.status != COMPLETING:  # completing: an earlier end may land
                 raise conflict(f"trajectory {uid} is already completed")
-            steps = self.store.get(uid).acknowledged
             try:
                 await asyncio.to_thread(self.producer.complete_trajectory, uid, trajectory.prompt_uid, reward,
-                                        trajectory.channel, trajectory.n_rollouts, metadata, steps)
+                                        trajectory.channel, trajectory.n_rollouts, metadata, current.acknowledged)
             except TopicsUnavailable as exc:  # nothing was sent: the trajectory may go on
                 self.store.transition(uid, COMPLETING, OPEN)
                 raise kafka_failure(exc, END_NOT_ACKNOWLEDGED) from None
@@ -242,8 +245,8 @@ class GatewayService:
         self.metrics.trajectories.labels("completed").inc()
         self.metrics.reward.labels(str(self.policy_version(trajectory))).observe(reward)
         log.info("trajectory completed trajectory=%s prompt=%s steps=%d reward=%s", uid, trajectory.prompt_uid,
-                 len(steps), reward)
-        return reward, steps
+                 current.published_steps, reward)
+        return reward, current
 
     @staticmethod
     def reward_input(trajectory: Trajectory) -> dict[str, Any]:

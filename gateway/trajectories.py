@@ -81,8 +81,9 @@ class Trajectory:
     context_ids: list[int] | None = None
     """Prompt + sampled response of step ``context_step``: what the next call continues."""
     context_step: int | None = None
-    acknowledged: list[int] = field(default_factory=list)
-    """Indices of the steps the broker acknowledged: what the trajectory consists of."""
+    acknowledged: list[int] | None = field(default_factory=list)
+    """Indices of the steps the broker acknowledged: what the trajectory consists of. None: unknown (steps
+    published by a gateway that did not record them; its end then names no steps)."""
 
 
 def _pack(ids: list[int]) -> bytes:
@@ -95,6 +96,13 @@ def _unpack(blob: bytes | None) -> list[int] | None:
     ids = array("i")
     ids.frombytes(blob)
     return ids.tolist()
+
+
+def _acknowledged(blob: bytes | None, published: int) -> list[int] | None:
+    """The acknowledged indices; None when steps were published before the gateway recorded them."""
+    if blob is None:
+        return None if published else []
+    return _unpack(blob)
 
 
 class TrajectoryStore:
@@ -118,7 +126,7 @@ class TrajectoryStore:
          conversation, created_at, _updated, context_ids, context_step, acknowledged) = row
         return Trajectory(uid, prompt_uid, channel, n_rollouts, json.loads(metadata), version, backend, next_step,
                           published, status, json.loads(conversation) if conversation else None, created_at,
-                          _unpack(context_ids), context_step, _unpack(acknowledged) or [])
+                          _unpack(context_ids), context_step, _acknowledged(acknowledged, published))
 
     def create(self, trajectory: Trajectory) -> None:
         now = time.time()
@@ -168,14 +176,16 @@ class TrajectoryStore:
         """After the broker acknowledged a call's steps ``first``..``first + count - 1``: keep their
         indices, the conversation, its token state and the backend."""
         with self._lock:
-            row = self._db.execute("SELECT acknowledged FROM trajectories WHERE trajectory_uid = ?",
-                                   (trajectory_uid,)).fetchone()
-            acknowledged = (_unpack(row[0]) if row else None) or []
+            row = self._db.execute(
+                "SELECT acknowledged, published_steps FROM trajectories WHERE trajectory_uid = ?",
+                (trajectory_uid,)).fetchone()
+            known = None if row is None else _acknowledged(*row)
+            acknowledged = None if known is None else _pack(known + list(range(first, first + count)))
             self._db.execute(
                 "UPDATE trajectories SET published_steps = published_steps + ?, acknowledged = ?, "
                 "last_conversation = ?, backend = ?, context_ids = ?, context_step = ?, updated_at = ? "
                 "WHERE trajectory_uid = ?",
-                (count, _pack(acknowledged + list(range(first, first + count))), json.dumps(conversation),
+                (count, acknowledged, json.dumps(conversation),
                  backend, _pack(context_ids), context_step, time.time(), trajectory_uid))
 
     def transition(self, trajectory_uid: str, from_status: str, to_status: str) -> bool:

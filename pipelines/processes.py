@@ -1,7 +1,9 @@
-"""Child processes of trajbus's own commands (worker, gateway, inference server), started and stopped cleanly."""
+"""Child processes of trajbus's own commands (worker, gateway, inference server, scripted engine), started and
+stopped cleanly."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -112,6 +114,18 @@ def inference_server_process(port: int, log_file: Path | str, model_dir: Path | 
     if model_dir is not None:
         args += ["--model-dir", str(model_dir)]
     return ServiceProcess(args, log_file)
+
+
+def scripted_engine_process(port: int, workdir: Path, tokenizer_path: Path | str, replies: list[str | dict],
+                            record: Path | None = None) -> ServiceProcess:
+    """An ``infra.scripted_engine`` child (not yet started) serving ``replies`` (written to ``workdir``,
+    which also holds its log); ready when ``/health`` answers."""
+    script = workdir / f"replies-{port}.json"
+    script.write_text(json.dumps(replies))
+    args = ["--tokenizer-path", str(tokenizer_path), "--replies", str(script), "--port", str(port)]
+    if record is not None:
+        args += ["--record", str(record)]
+    return ServiceProcess(args, workdir / f"engine-{port}.log", module="infra.scripted_engine")
 
 
 def gateway_process(bootstrap_servers: str, prefix: str, backends: list[str], tokenizer_path: Path | str,

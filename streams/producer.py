@@ -111,6 +111,10 @@ class StepProducer:
             **config,
         })
 
+    def is_provisioned(self, channel: str) -> bool:
+        """Whether this producer already provisioned the channel's topics (no broker call)."""
+        return channel in self._provisioned
+
     def provision(self, channel: str) -> None:
         """Create the channel's topics if missing (idempotent; done once per channel)."""
         validate_channel(channel)

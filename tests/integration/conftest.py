@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from pathlib import Path
@@ -13,8 +12,8 @@ import pytest
 from infra import ray_exit
 from infra.bootstrap import ENV_VAR
 from infra.kafka_broker import EmbeddedKafka
-from pipelines.processes import (ServiceProcess, free_port, gateway_process, inference_server_process, wait_http,
-                                 worker_process)
+from pipelines.processes import (ServiceProcess, free_port, gateway_process, inference_server_process,
+                                 scripted_engine_process, wait_http, worker_process)
 
 
 @pytest.fixture(scope="session")
@@ -116,10 +115,7 @@ def scripted_engine(tiny_model_dir: Path, tmp_path: Path):
 
     def start(replies: list[str | dict]) -> tuple[str, Path]:
         port, record = free_port(), tmp_path / f"engine{len(engines)}-prompts.jsonl"
-        (tmp_path / "replies.json").write_text(json.dumps(replies))
-        engine = ServiceProcess(["--tokenizer-path", str(tiny_model_dir), "--replies", str(tmp_path / "replies.json"),
-                                 "--record", str(record), "--port", str(port)], tmp_path / "engine.log",
-                                module="infra.scripted_engine").start()
+        engine = scripted_engine_process(port, tmp_path, tiny_model_dir, replies, record).start()
         engines.append(engine)
         wait_http(f"http://127.0.0.1:{port}/health", 60, engine)
         return f"127.0.0.1:{port}", record

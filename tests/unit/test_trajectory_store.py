@@ -79,13 +79,18 @@ def test_state_of_an_older_gateway_gains_the_token_state_columns(tmp_path):
                 "backend TEXT, next_step INTEGER NOT NULL DEFAULT 0, published_steps INTEGER NOT NULL DEFAULT 0, "
                 "status TEXT NOT NULL, last_conversation TEXT, created_at REAL NOT NULL, updated_at REAL NOT NULL)")
     old.execute("INSERT INTO trajectories VALUES ('t0','p','train',NULL,'{}',NULL,NULL,1,1,'open',NULL,0,0)")
+    old.execute("INSERT INTO trajectories VALUES ('fresh','p','train',NULL,'{}',NULL,NULL,0,0,'open',NULL,0,0)")
     old.commit()
     old.close()
     store = TrajectoryStore(tmp_path / "state")
     try:
         assert (store.get("t0").published_steps, store.get("t0").context_ids) == (1, None)
         store.record_published("t0", 1, 1, [], "http://a:1", [7], 1)
-        assert (store.get("t0").context_ids, store.get("t0").acknowledged) == ([7], [1])
+        # Step 0 was published by the older gateway, which did not record indices: unknown, not [1].
+        assert (store.get("t0").context_ids, store.get("t0").acknowledged, store.get("t0").published_steps) == \
+            ([7], None, 2)
+        store.record_published("fresh", 0, 1, [], "http://a:1", [7], 0)
+        assert store.get("fresh").acknowledged == [0]
     finally:
         store.close()
 
