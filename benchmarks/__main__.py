@@ -1,9 +1,10 @@
 """`make bench`: run every benchmark in turn."""
 
-from benchmarks import assembly_bench, codec_bench, convert_bench, gateway_bench
+from benchmarks import assembly_bench, codec_bench, convert_bench, gateway_bench, pacing_bench
 
 if __name__ == "__main__":
     codec_bench.main()
     assembly_bench.main()
     convert_bench.main()
     gateway_bench.main()
+    pacing_bench.main()

@@ -36,6 +36,8 @@ from streams.records import Step
 
 log = logging.getLogger("trajbus.gateway")
 
+WAIT = "seconds a new trajectory may be held until admitted (pacing), else 429 at once"
+
 
 class BodySizeLimit:
     """413 for request bodies over the cap, declared (Content-Length) or streamed (chunked).
@@ -148,9 +150,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     # -- white-box ----------------------------------------------------------------
     @app.post("/generate", dependencies=admin)
-    async def generate(body: GenerateRequest) -> dict[str, Any]:
+    async def generate(body: GenerateRequest, wait: float = Query(0.0, ge=0, description=WAIT)) -> dict[str, Any]:
         service.require("backend")
         check_prompt_length(body.prompt_ids, settings.prompt_length, what="prompt_ids")
+        uid = body.trajectory_uid
+        if uid is not None and uid not in service.admission.admitted and not body.step_index:
+            await service.admit(uid, service.channel(body.channel), body.prompt_uid or uid, body.policy_version, wait)
+        elif uid is not None:
+            service.admission.touch(uid)
         try:
             backend, completions = await service.backends.complete(
                 body.prompt_ids, body.engine_params(settings.response_length),
@@ -179,6 +186,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                 field = str(exc).split(":", 1)[0]
                 raise bad_request(f"steps[{position}].{exc}", param=f"steps[{position}].{field}") from None
         count = await service.publish(steps, channel, "submit_steps", n_rollouts)
+        for step in steps:
+            if step.is_last:  # a white-box trajectory is finished: it leaves the backlog's in-flight count
+                service.admission.release(step.trajectory_uid)
         return {"published": count, "channel": channel}
 
     @app.post("/compute_reward", dependencies=admin)
@@ -187,9 +197,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     # -- black-box ----------------------------------------------------------------
     @app.post("/init_trajectory", dependencies=admin)
-    async def init_trajectory(body: InitTrajectoryRequest | None = None) -> dict[str, Any]:
+    async def init_trajectory(body: InitTrajectoryRequest | None = None, wait: float = Query(0.0, ge=0, description=WAIT)) -> dict[str, Any]:
         body = body or InitTrajectoryRequest()
-        trajectory = service.init_trajectory(body.prompt_uid, body.channel, body.n_rollouts, body.metadata)
+        trajectory = await service.init_trajectory(body.prompt_uid, body.channel, body.n_rollouts, body.metadata,
+                                                   body.policy_version, wait)
         base_url = (f"{settings.base_address}/{trajectory.trajectory_uid}/"
                     f"{quote(trajectory.prompt_uid, safe='')}/v1")
         return {"trajectory_uid": trajectory.trajectory_uid, "prompt_uid": trajectory.prompt_uid,
@@ -209,7 +220,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     @app.post(base + "/chat/completions")
     async def chat_completions(trajectory_uid: str, prompt_uid: str, body: ChatCompletionRequest):
-        return await chat.create(service.trajectory(trajectory_uid, prompt_uid), body)
+        trajectory = service.trajectory(trajectory_uid, prompt_uid)
+        service.admission.touch(trajectory_uid)
+        return await chat.create(trajectory, body)
 
     @app.get(base + "/models")
     async def models(trajectory_uid: str, prompt_uid: str) -> dict[str, Any]:

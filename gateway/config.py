@@ -9,13 +9,16 @@ this gateway unchanged; ``--bootstrap-servers`` replaces the Ray data pool.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway.admission import SETTINGS as ADMISSION_SETTINGS
+from gateway.admission import AdmissionRules
 from gateway.conversation import CUMULATIVE, MULTI_TURN_MODES
 from infra.arguments import positive_float, positive_int
 from infra.paths import trajbus_cache_dir
-from streams.topics import DEFAULT_PREFIX, validate_channel
+from streams.topics import DEFAULT_PREFIX, channel_setting, validate_channel
 
 DEFAULT_PORT = 8100
 
@@ -45,6 +48,13 @@ class GatewaySettings:
     """Seconds the broker has to acknowledge a call's steps (and to provision a new channel) before a 503."""
     served_model_name: str = "trajbus"
     multi_turn: str = CUMULATIVE
+    admission: AdmissionRules = field(default_factory=AdmissionRules)
+    """Pacing of new trajectories on every channel (off unless set: see ``--max-backlog-groups``)."""
+    channel_admission: dict[str, AdmissionRules] = field(default_factory=dict)
+    max_admission_wait: float = 120.0
+    """The longest ``?wait=`` a new trajectory may ask to be held for."""
+    abandoned_after: float = 600.0
+    """Seconds without a call after which an admitted trajectory stops counting as in flight."""
 
     @property
     def base_address(self) -> str:
@@ -73,6 +83,13 @@ def _channel(text: str) -> str:
         return validate_channel(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _channel_admission(text: str) -> tuple[str, str, int | None]:
+    channel, name, value = channel_setting(text)
+    if name not in ADMISSION_SETTINGS:
+        raise argparse.ArgumentTypeError(f"{name}: not an admission setting (known: {', '.join(ADMISSION_SETTINGS)})")
+    return channel, name, None if value.lower() == "off" else positive_int(value)
 
 
 def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,8 +124,33 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
                         help="black-box prompts: 'cumulative' continues the sampled tokens of the conversation "
                              "(token-consistent turns), 'render' re-renders the whole conversation at every "
                              "call (default: %(default)s)")
+    pacing = parser.add_argument_group(
+        "admission (pacing new trajectories by the trainer; off unless set, because the right mark depends on "
+        "the trainer's batch: at least its groups per step, or the trainer waits for groups never admitted)")
+    pacing.add_argument("--max-backlog-groups", type=positive_int,
+                        help="admit a new trajectory only while the trainer's backlog (ready groups it has not "
+                             "committed + groups in flight at every gateway) is under N groups")
+    pacing.add_argument("--max-staleness", type=positive_int,
+                        help="admit a new trajectory only if the policy version it starts at is at most N "
+                             "versions behind the trainer's")
+    pacing.add_argument("--channel-admission", type=_channel_admission, action="append",
+                        metavar="CHANNEL.SETTING=VALUE",
+                        help="one channel's limit, e.g. val.max_backlog_groups=off (repeatable)")
+    pacing.add_argument("--max-admission-wait", type=positive_float, default=120.0,
+                        help="longest ?wait=SECONDS a new trajectory may ask to be held for (default: %(default)s)")
+    pacing.add_argument("--abandoned-after", type=positive_float, default=600.0,
+                        help="seconds without a call after which an admitted trajectory no longer counts as in "
+                             "flight (default: %(default)s)")
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:
     names = GatewaySettings.__dataclass_fields__
-    return GatewaySettings(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+    settings = GatewaySettings(**{name: getattr(args, name) for name in names
+                                  if hasattr(args, name) and name != "channel_admission"})
+    settings.admission = AdmissionRules(args.max_backlog_groups, args.max_staleness)
+    changes: dict[str, dict[str, int | None]] = {}
+    for channel, name, value in args.channel_admission or []:
+        changes.setdefault(channel, {})[name] = value
+    settings.channel_admission = {channel: dataclasses.replace(settings.admission, **change)
+                                  for channel, change in changes.items()}
+    return settings

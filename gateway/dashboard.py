@@ -1,4 +1,4 @@
-"""``/dashboard``: a live page of what flows (throughput, queue depth, staleness, drops, reward).
+"""``/dashboard``: a live page of what flows (throughput, queue depth, staleness, drops, admission, reward).
 
 The page (``static/dashboard.html``) polls ``/dashboard/data`` every second;
 throughput is measured here, over the last ten seconds, so any viewer sees it at once.
@@ -65,7 +65,12 @@ class DashboardData:
                 if key.startswith("groups_dropped["):
                     reason = key[len("groups_dropped["):-1]
                     dropped[reason] = dropped.get(reason, 0) + value
+        admissions = [[s.labels["channel"], s.labels["outcome"], s.labels["reason"], int(s.value)]
+                      for m in metrics.admissions.collect() for s in m.samples if s.name.endswith("_total")]
+        admissions += [[s.labels["channel"], "waiting now", s.labels["reason"], int(s.value)]
+                       for m in metrics.waiting.collect() for s in m.samples if s.value]
         return {
+            "admission": self.service.admission_state(), "admissions": admissions,
             "time": time.time(), "prefix": self.service.settings.prefix, "steps_published": int(steps),
             "steps_per_s": round(self._rate(steps), 2),
             "groups_emitted": int(sum(row.get("groups[emitted]", 0) for row in workers.values())),

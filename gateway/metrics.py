@@ -30,5 +30,12 @@ class GatewayMetrics:
                                         buckets=LATENCY_BUCKETS, registry=r)
         self.backend_up = Gauge("trajbus_gateway_backend_up", "1 while a backend passes health checks",
                                 ["backend"], registry=r)
+        self.admissions = Counter("trajbus_gateway_admissions", "New trajectories admitted (immediately or "
+                                  "after waiting) or refused, by reason", ["channel", "outcome", "reason"],
+                                  registry=r)
+        self.waiting = Gauge("trajbus_gateway_admission_waiting", "New trajectories held by ?wait=, by reason",
+                             ["channel", "reason"], registry=r)
+        self.backlog = Gauge("trajbus_gateway_backlog_groups", "The trainer's backlog as admission sees it: ready "
+                             "groups, groups in flight here and at other gateways", ["channel", "kind"], registry=r)
         self.reward = Summary("trajbus_gateway_trajectory_reward", "Rewards of finished trajectories",
                               ["policy_version"], registry=r)

@@ -119,7 +119,13 @@ class ChatCompletionRequest(SamplingFields):
 
 class GenerateRequest(SamplingFields):
     prompt_ids: list[int] = Field(..., min_length=1)
-    trajectory_uid: str | None = Field(None, description="keeps calls of one trajectory on one backend")
+    trajectory_uid: str | None = Field(None, description="keeps calls of one trajectory on one backend; "
+                                                         "its first call is admitted when pacing is on")
+    prompt_uid: str | None = Field(None, min_length=1, max_length=256,
+                                   description="the trajectory's prompt group (for admission)")
+    channel: str | None = None
+    policy_version: int | None = Field(None, description="the version the trajectory starts at (for admission)")
+    step_index: int | None = Field(None, ge=0, description="above 0: a trajectory already under way, never held")
 
     @field_validator("prompt_ids")
     @classmethod
@@ -140,6 +146,8 @@ class TrajectoryOptions(BaseModel):
     channel: str | None = None
     n_rollouts: int | None = Field(None, ge=1)
     metadata: dict[str, Any] | None = None
+    policy_version: int | None = Field(None, description="the version the agent's engine serves; default: "
+                                                         "the policy topic's")
 
 
 class InitTrajectoryRequest(TrajectoryOptions):
@@ -147,7 +155,7 @@ class InitTrajectoryRequest(TrajectoryOptions):
 
 
 class RegisterTrajectoryRequest(TrajectoryOptions):
-    policy_version: int | None = None
+    pass
 
 
 class CompleteTrajectoryRequest(BaseModel):

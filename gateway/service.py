@@ -18,7 +18,9 @@ import uuid
 import weakref
 from typing import Any
 
+from gateway.admission import Admission
 from gateway.backends import BackendPool
+from gateway.backlog import BacklogMonitor
 from gateway.config import GatewaySettings
 from gateway.errors import GatewayError, bad_request, conflict, from_value_error, not_found, unavailable
 from gateway.metrics import GatewayMetrics
@@ -57,6 +59,10 @@ class GatewayService:
         self.producer: StepProducer | None = None
         self.bootstrap_servers: str | None = None
         self.policy: PolicyWatcher | None = None
+        self.admission = Admission(settings.admission, settings.channel_admission, settings.abandoned_after,
+                                   self.metrics)
+        self.backlog: BacklogMonitor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.kafka_error: str | None = "connecting to Kafka"
         self.started_at = time.time()
         self._stop = threading.Event()
@@ -64,6 +70,9 @@ class GatewayService:
 
     # -- lifecycle --------------------------------------------------------------
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for uid, channel, prompt_uid, updated_at in self.store.unfinished():  # admitted before a restart
+            self.admission.add(uid, channel, prompt_uid, updated_at)
         self.tokenizer.load_in_background()
         threading.Thread(target=self._connect_kafka, name="kafka-connect", daemon=True).start()
         self.backends.start()
@@ -78,6 +87,8 @@ class GatewayService:
                 producer = StepProducer(servers, prefix=self.settings.prefix, timeout=self.settings.publish_timeout)
                 producer.provision(self.settings.default_channel)
                 self.policy = PolicyWatcher(servers, prefix=self.settings.prefix)
+                if self.admission.active:
+                    self._watch_backlog(servers)
                 self.producer, self.kafka_error, self.bootstrap_servers = producer, None, servers
                 log.info("kafka producer ready bootstrap=%s prefix=%s", servers, self.settings.prefix)
                 return
@@ -86,8 +97,26 @@ class GatewayService:
                 log.warning("kafka connect failed, retrying: %s", exc)
                 self._stop.wait(2.0)
 
+    def _watch_backlog(self, servers: str) -> None:
+        self.backlog = BacklogMonitor(servers, self.settings.prefix, BacklogMonitor.new_gateway_id(self.settings.port),
+                                      self.admission.in_flight_counts,
+                                      lambda: self._loop.call_soon_threadsafe(self._backlog_refreshed))
+        self.backlog.watch(self.settings.default_channel)
+        self.admission.ready, self.admission.elsewhere = self.backlog.ready, self.backlog.elsewhere
+
+    def _backlog_refreshed(self) -> None:
+        """On the event loop, after each read of the signals: gauges, then held trajectories decide again."""
+        for channel in self.backlog.channels():
+            backlog = self.admission.backlog(channel)
+            if backlog is not None:
+                for kind in ("ready", "in_flight_here", "in_flight_elsewhere"):
+                    self.metrics.backlog.labels(channel, kind).set(getattr(backlog, kind))
+        self.admission.wake()
+
     async def close(self) -> None:
         self._stop.set()
+        if self.backlog is not None:
+            await asyncio.to_thread(self.backlog.close)
         await self.backends.close()
         if self.policy is not None:
             self.policy.close()
@@ -156,25 +185,48 @@ class GatewayService:
         return lock
 
     def policy_version(self, trajectory: Trajectory) -> int:
+        """What its steps are stamped with: the version it declared, else the one the engines serve."""
         if trajectory.policy_version is not None:
             return trajectory.policy_version
-        version = self.policy.current(trajectory.channel) if self.policy is not None else None
+        version = self.policy.serving(trajectory.channel) if self.policy is not None else None
         return version if version is not None else 0
 
+    # -- admission --------------------------------------------------------------
+    async def admit(self, trajectory_uid: str, channel: str, prompt_uid: str, declared_version: int | None,
+                    wait: float) -> None:
+        """Admit a new trajectory or answer 429 (see ``gateway.admission``); no-op when pacing is off."""
+        if not self.admission.active:
+            return
+        if wait > self.settings.max_admission_wait:
+            raise bad_request(f"wait: at most {self.settings.max_admission_wait:g} seconds "
+                              f"(--max-admission-wait), got {wait:g}", param="wait")
+
+        def start_version() -> int | None:
+            if declared_version is not None:
+                return declared_version
+            return self.policy.serving(channel) if self.policy is not None else None
+
+        def trainer_version() -> int | None:
+            return self.policy.current(channel) if self.policy is not None else None
+
+        await self.admission.admit(trajectory_uid, channel, prompt_uid, start_version, trainer_version, wait)
+
     # -- trajectories -----------------------------------------------------------
-    def init_trajectory(self, prompt_uid: str | None, channel: str | None, n_rollouts: int | None,
-                        metadata: dict[str, Any] | None) -> Trajectory:
+    async def init_trajectory(self, prompt_uid: str | None, channel: str | None, n_rollouts: int | None,
+                              metadata: dict[str, Any] | None, policy_version: int | None,
+                              wait: float = 0.0) -> Trajectory:
         trajectory = Trajectory(trajectory_uid=secrets.token_urlsafe(18),  # 144 random bits: unguessable
                                 prompt_uid=prompt_uid or uuid.uuid4().hex,
-                                channel=self._channel(channel), n_rollouts=n_rollouts,
-                                metadata=self._metadata(metadata))
+                                channel=self.channel(channel), n_rollouts=n_rollouts,
+                                metadata=self._metadata(metadata), policy_version=policy_version)
+        await self.admit(trajectory.trajectory_uid, trajectory.channel, trajectory.prompt_uid, policy_version, wait)
         self.store.create(trajectory)
         self.metrics.trajectories.labels("initialized").inc()
         log.info("trajectory initialized trajectory=%s prompt=%s channel=%s", trajectory.trajectory_uid,
                  trajectory.prompt_uid, trajectory.channel)
         return trajectory
 
-    def _channel(self, channel: str | None) -> str:
+    def channel(self, channel: str | None) -> str:
         try:
             return validate_channel(channel or self.settings.default_channel)
         except ValueError as exc:
@@ -203,7 +255,7 @@ class GatewayService:
         if channel is not None and channel != trajectory.channel:
             if trajectory.next_step:
                 raise conflict("channel cannot change after the trajectory's first call")
-            changes["channel"] = self._channel(channel)
+            changes["channel"] = self.channel(channel)
         if n_rollouts is not None:
             changes["n_rollouts"] = n_rollouts
         if metadata:
@@ -242,6 +294,7 @@ class GatewayService:
             except DeliveryError as exc:  # the end may still land: only a retry of the same end is accepted
                 raise kafka_failure(exc, END_NOT_ACKNOWLEDGED) from None
             self.store.transition(uid, COMPLETING, COMPLETED)
+        self.admission.release(uid)
         self.metrics.trajectories.labels("completed").inc()
         self.metrics.reward.labels(str(self.policy_version(trajectory))).observe(reward)
         log.info("trajectory completed trajectory=%s prompt=%s steps=%d reward=%s", uid, trajectory.prompt_uid,
@@ -277,4 +330,15 @@ class GatewayService:
                 "tokens": total(self.metrics.tokens),
                 "prompts": total(self.metrics.prompts),
                 "requests": total(self.metrics.requests),
-                "backends": self.backends.describe()}
+                "admissions": total(self.metrics.admissions),
+                "backends": self.backends.describe(),
+                "admission": self.admission_state()}
+
+    def admission_state(self) -> dict[str, dict[str, Any]]:
+        """Per channel watched: the limits and the backlog as this gateway sees it (None: not read yet)."""
+        state = {}
+        for channel in self.backlog.channels() if self.backlog is not None else []:
+            rules, backlog = self.admission.rules(channel), self.admission.backlog(channel)
+            state[channel] = {**dataclasses.asdict(rules), "backlog": None if backlog is None else
+                              {**dataclasses.asdict(backlog), "total": backlog.total}}
+        return state

@@ -196,6 +196,12 @@ class TrajectoryStore:
                 (to_status, time.time(), trajectory_uid, from_status))
         return cursor.rowcount == 1
 
+    def unfinished(self) -> list[tuple[str, str, str, float]]:
+        """(trajectory_uid, channel, prompt_uid, updated_at) of every trajectory not completed."""
+        with self._lock:
+            return self._db.execute("SELECT trajectory_uid, channel, prompt_uid, updated_at FROM trajectories "
+                                    "WHERE status != ?", (COMPLETED,)).fetchall()
+
     def counts(self) -> dict[str, int]:
         with self._lock:
             rows = self._db.execute("SELECT status, COUNT(*) FROM trajectories GROUP BY status").fetchall()

@@ -6,10 +6,15 @@ captures every call as a Step; the agent's one submission is
 ``complete_trajectory`` with the environment's reward.
 ``WhiteBoxAgent`` tokenizes itself, calls ``/generate`` with token ids and
 submits all of its steps (the last with the reward) in one ``/submit_steps``.
+
+A gateway that paces generation answers a new trajectory 429 while the trainer
+lags: both agents ask to be held (``?wait=``) and, refused all the same, wait
+``Retry-After`` and ask again, until admitted or stopped.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -29,6 +34,14 @@ class Episode:
     turns: int
 
 
+class AgentStopped(Exception):
+    """The agent was stopped while a new trajectory waited for admission."""
+
+
+ADMISSION_WAIT = 30.0
+"""Seconds a new trajectory asks the gateway to hold it (``?wait=``) before a 429."""
+
+
 class GatewayAgent:
     def __init__(self, gateway_url: str, api_key: str | None = None, channel: str = "train",
                  sampling: dict[str, Any] | None = None, timeout: float = 120.0) -> None:
@@ -36,12 +49,25 @@ class GatewayAgent:
         self.channel = channel
         self.sampling = {"temperature": 1.0, "max_tokens": 32, **(sampling or {})}
         self.http = httpx.Client(timeout=timeout, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+        self.refusals = 0
+        """429s this agent waited out (the gateway pacing it)."""
+        self._stopped = threading.Event()
 
     def _post(self, url: str, **kwargs: Any) -> dict[str, Any]:
-        response = self.http.post(url, **kwargs)
+        while True:
+            response = self.http.post(url, **kwargs)
+            if response.status_code != 429:
+                break
+            self.refusals += 1  # paced: wait as told, then ask again
+            if self._stopped.wait(float(response.headers.get("retry-after", 1))):
+                raise AgentStopped(f"stopped while {url} was refused: {response.json()['error']['message']}")
         if response.status_code != 200:
             raise RuntimeError(f"POST {url} -> {response.status_code}: {response.text[:500]}")
         return response.json()
+
+    def stop(self) -> None:
+        """Give up waiting for admission (a trajectory already admitted runs to its end)."""
+        self._stopped.set()
 
     def close(self) -> None:
         self.http.close()
@@ -52,7 +78,7 @@ class BlackBoxAgent(GatewayAgent):
                     metadata: dict[str, Any], max_turns: int = 8) -> Episode:
         import openai
 
-        t = self._post(f"{self.gateway_url}/init_trajectory",
+        t = self._post(f"{self.gateway_url}/init_trajectory", params={"wait": ADMISSION_WAIT},
                        json={"prompt_uid": prompt_uid, "n_rollouts": n_rollouts, "channel": self.channel,
                              "metadata": {**metadata, "label": observation.label}})
         client = openai.OpenAI(base_url=t["base_url"], api_key="black-box", max_retries=0)
@@ -88,8 +114,9 @@ class WhiteBoxAgent(GatewayAgent):
             text = self.tokenizer.apply_chat_template(messages, tools=observation.tools, tokenize=False,
                                                       add_generation_prompt=True)
             prompt_ids = self.tokenizer.encode(text, add_special_tokens=False)
-            out = self._post(f"{self.gateway_url}/generate",
-                             json={"prompt_ids": prompt_ids, "trajectory_uid": trajectory_uid, **self.sampling})
+            out = self._post(f"{self.gateway_url}/generate", params={"wait": ADMISSION_WAIT},
+                             json={"prompt_ids": prompt_ids, "trajectory_uid": trajectory_uid, "prompt_uid": prompt_uid,
+                                   "channel": self.channel, "step_index": len(steps), **self.sampling})
             parsed = tool_calls.parse(out["text"]) if observation.tools else tool_calls.ParsedOutput(out["text"], [])
             message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
             if parsed.tool_calls:

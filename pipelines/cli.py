@@ -17,7 +17,7 @@ from infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
 from infra.kafka_broker import BrokerError, EmbeddedKafka
 from infra.logs import configure_logging
 from infra.topics import consumer_groups_lag, describe_topics, ensure_topics
-from streams.topics import DEFAULT_CHANNELS, DEFAULT_PREFIX, TopicSettings, validate_channel
+from streams.topics import DEFAULT_CHANNELS, DEFAULT_PREFIX, TopicSettings, channel_setting, validate_channel
 
 EXIT_USAGE = 2
 
@@ -103,18 +103,6 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 # -- worker ---------------------------------------------------------------------
 
-def _channel_setting(text: str) -> tuple[str, str, str]:
-    target, sep, value = text.partition("=")
-    channel, dot, name = target.partition(".")
-    if not sep or not dot:
-        raise argparse.ArgumentTypeError(f"expected CHANNEL.SETTING=VALUE, got {text!r}")
-    try:
-        validate_channel(channel)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return channel, name, value
-
-
 def _setting_value(name: str, text: str) -> object:
     """Convert a command-line value to the type of the ChannelSettings field ``name``."""
     from streams.settings import ChannelSettings
@@ -166,7 +154,7 @@ STATS_COLUMNS = [
     ("events[step]", "steps in"), ("trajectories_completed", "traj done"), ("groups[ready]", "ready"),
     ("groups[partial]", "partial"), ("groups[emitted]", "emitted"), ("pending_groups", "pending"),
     ("pending_trajectories", "pend traj"), ("queue_depth", "queue"), ("duplicate_events", "dups"),
-    ("late_events", "late"), ("policy_version", "policy"),
+    ("late_events", "late"), ("policy_version", "policy"), ("in_flight_groups", "gw in flight"),
 ]
 
 
@@ -331,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="complete trajectories a timed-out group needs to be emitted (default: %(default)s)")
     rules.add_argument("--max-queue-size", type=positive_int,
                        help="ready groups the trainer may lag before the oldest are dropped")
-    rules.add_argument("--channel-setting", type=_channel_setting, action="append", metavar="CHANNEL.SETTING=VALUE",
+    rules.add_argument("--channel-setting", type=channel_setting, action="append", metavar="CHANNEL.SETTING=VALUE",
                        help="override one rule for one channel, e.g. val.n_rollouts=1 (repeatable)")
     worker.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on PORT")
     worker.add_argument("--metrics-host", default="127.0.0.1", help="interface of the metrics server "

@@ -21,6 +21,7 @@ import time
 import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -89,7 +90,20 @@ class Rollouts:
             manager.agent.close()
 
 
-def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = None) -> int:
+@dataclass
+class DemoOutcome:
+    """What a finished demo measured (for the pacing benchmark)."""
+
+    records: list[VersionRecord] = field(default_factory=list)
+    drops: dict[str, float] = field(default_factory=dict)
+    refusals: int = 0
+    held: int = 0
+    episodes: int = 0
+    seconds: float = 0.0
+
+
+def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = None,
+             outcome: DemoOutcome | None = None) -> int:
     config = config or load_demo_config()
     workdir = Path(tempfile.mkdtemp(prefix="trajbus-demo-"))
     log_to_file(workdir / "demo.log")  # the terminal shows the demo's progress, not its libraries
@@ -139,6 +153,10 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
                          "--response-length", str(config.gateway.response_length)]
         if config.gateway.reward_function:
             gateway_extra += ["--reward-function", config.gateway.reward_function]
+        for flag, value in (("--max-backlog-groups", config.gateway.max_backlog_groups),
+                            ("--max-staleness", config.gateway.max_staleness)):
+            if value is not None:
+                gateway_extra += [flag, str(value)]
         gateway = gateway_process(bootstrap_servers, prefix, [f"127.0.0.1:{server_port}"], policy_dir, gateway_port,
                                   workdir / "gateway-state", workdir / "gateway.log",
                                   gateway_extra).start(own_session=True)
@@ -165,6 +183,7 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
                 step_started = time.monotonic()
                 batch = consumer.fetch_dataproto(config.trainer.groups_per_step, timeout=config.trainer.fetch_timeout,
                                                  current_version=version[0])
+                waited = time.monotonic() - step_started
                 if batch is None:
                     failure = rollouts.failure()
                     raise RuntimeError(f"no batch within {config.trainer.fetch_timeout}s"
@@ -181,17 +200,26 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
                 publisher.publish(version[0])
                 records.append(VersionRecord(version[0], config.trainer.groups_per_step, report.rows, report.tokens,
                                              report.reward, report.loss, report.nll, float(stale.mean()),
-                                             time.monotonic() - step_started))
+                                             time.monotonic() - step_started, waited))
                 say(5, f"policy v{version[0]}: policy loss {report.loss:+.2e}, nll {report.nll:.4f}, "
                        f"batch reward {report.reward:.3f}, {report.rows} rows, staleness {stale.mean():.2f}, "
                        f"{rollouts.episodes()} episodes so far")
 
         say(6, "done: stopping rollouts")
+        admissions = httpx.get(f"{gateway_url}/statistics", timeout=30).json()["admissions"]
         rollouts.stop()
+        refusals = sum(manager.agent.refusals for manager in rollouts.managers)
+        generated = rollouts.episodes()
         rollouts = None
         drops = drops_from_stats(summarize(read_snapshots(bootstrap_servers, prefix)), "train")
         print()
         print(summary_table(records, rewards_by_rollout_version, drops, time.monotonic() - started))
+        held = sum(n for key, n in admissions.items() if key.endswith("/admitted/waited"))
+        print(f"pacing: {held:.0f} new trajectories held until the trainer caught up, {refusals} refused (429) and "
+              f"retried; {generated} episodes rolled out for {sum(r.rows for r in records)} rows trained on")
+        if outcome is not None:
+            outcome.records, outcome.drops, outcome.refusals, outcome.held = records, drops, refusals, int(held)
+            outcome.episodes, outcome.seconds = generated, time.monotonic() - started
         plots = write_plot(records, config.report)
         print("\nplot of reward and throughput per version: " + ", ".join(str(p.resolve()) for p in plots))
         return 0

@@ -47,7 +47,7 @@ class Trainer:
 @dataclass
 class Worker:
     max_staleness: int | None = 2
-    max_queue_size: int | None = 3
+    max_queue_size: int | None = 6
     group_filter: str | None = None
 
 
@@ -56,6 +56,10 @@ class Gateway:
     prompt_length: int = 512
     response_length: int = 48
     reward_function: str | None = None
+    max_backlog_groups: int | None = 6
+    """Pacing: new trajectories wait while the trainer's backlog is at this many groups (None: off)."""
+    max_staleness: int | None = 2
+    """Pacing: new trajectories wait while they would start more versions behind the trainer (None: off)."""
 
 
 @dataclass
@@ -128,6 +132,10 @@ def _check(config: DemoConfig) -> None:
             for key in ("prompt", "label"):
                 if key not in item:
                     raise ValueError(f"datasets.{name}: record {number} of {dataset_path} has no {key!r}")
+    for name in ("max_backlog_groups", "max_staleness"):
+        value = getattr(config.gateway, name)
+        if value is not None and (type(value) is not int or value < 1):
+            raise ValueError(f"gateway.{name}: expected a positive integer or null, got {value!r}")
     for where, dotted in (("worker.group_filter", config.worker.group_filter),
                           ("gateway.reward_function", config.gateway.reward_function)):
         if dotted:

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from pipelines.agents import BlackBoxAgent, Episode, WhiteBoxAgent
+from pipelines.agents import AgentStopped, BlackBoxAgent, Episode, WhiteBoxAgent
 from pipelines.envs import Observation
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,11 @@ class EnvManager:
                         "env_id": self.env_config.env_id, "episode_id": self.episode_id,
                         "episode_seed": self.episode_seed, "traj_id": self.trajectory_id}
             extra = {"trajectory_uid": self.trajectory_id} if isinstance(self.agent, WhiteBoxAgent) else {}
-            episode = self.agent.run_episode(self.env, observation, prompt_uid=self.prompt_uid,
-                                             n_rollouts=self.env_config.group_size, metadata=metadata, **extra)
+            try:
+                episode = self.agent.run_episode(self.env, observation, prompt_uid=self.prompt_uid,
+                                                 n_rollouts=self.env_config.group_size, metadata=metadata, **extra)
+            except AgentStopped:  # stopped while paced: the episode never started
+                break
             self.episodes.append(episode)
             submitted += 1
             observation = self.reset()
@@ -111,6 +114,7 @@ class EnvManager:
 
     def stop(self) -> None:
         self.running = False
+        self.agent.stop()
 
 
 def validation_pass(managers: list[EnvManager], dataset_manager: Any, seed: int,

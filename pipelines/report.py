@@ -20,6 +20,8 @@ class VersionRecord:
     nll: float
     staleness: float
     seconds: float
+    wait_seconds: float = 0.0
+    """Of ``seconds``, the time the trainer waited for the batch to be ready."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -29,14 +31,15 @@ class VersionRecord:
 def summary_table(records: list[VersionRecord], rewards_by_rollout_version: dict[int, list[float]],
                   drops: dict[str, float], wall_seconds: float) -> str:
     lines = [f"{'version':>7} {'groups':>6} {'rows':>5} {'tokens':>7} {'tok/s':>7} {'reward':>7} "
-             f"{'policy loss':>11} {'nll':>7} {'stale':>6}"]
+             f"{'policy loss':>11} {'nll':>7} {'stale':>6} {'wait s':>6}"]
     for r in records:
         lines.append(f"{r.version:>7} {r.groups:>6} {r.rows:>5} {r.tokens:>7} {r.tokens_per_s:>7.0f} "
-                     f"{r.reward:>7.3f} {r.loss:>+11.2e} {r.nll:>7.4f} {r.staleness:>6.2f}")
+                     f"{r.reward:>7.3f} {r.loss:>+11.2e} {r.nll:>7.4f} {r.staleness:>6.2f} {r.wait_seconds:>6.1f}")
     groups, tokens = sum(r.groups for r in records), sum(r.tokens for r in records)
     busy = sum(r.seconds for r in records)
     lines.append(f"{'total':>7} {groups:>6} {sum(r.rows for r in records):>5} {tokens:>7} "
-                 f"{tokens / busy if busy else 0:>7.0f}  (whole demo: {wall_seconds:.1f} s)")
+                 f"{tokens / busy if busy else 0:>7.0f}  (whole demo: {wall_seconds:.1f} s; the trainer waited "
+                 f"{sum(r.wait_seconds for r in records):.1f} s for batches)")
     lines.append("")
     lines.append("reward by the policy version that generated the rollout: " + ", ".join(
         f"v{v}: {sum(rs) / len(rs):.3f} ({len(rs)} rows)" for v, rs in sorted(rewards_by_rollout_version.items())))

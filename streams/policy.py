@@ -1,8 +1,11 @@
 """The trainer's current policy version on ``{prefix}.policy`` (compacted).
 
-Key: a channel name, or ``global`` for every channel. Value: UTF-8 JSON
-``{"version": <int>, "published_at": <unix seconds>}``. Readers take the newest
-value of the channel's key, else of ``global``.
+Key: a channel name, or ``global`` for every channel: the version the trainer
+has reached. Key ``serving.<channel>`` or ``serving.global``: the version the
+inference engines serve, when their weights lag the trainer's (published by
+whatever syncs them); without one, engines are taken to serve the trainer's
+version. Value: UTF-8 JSON ``{"version": <int>, "published_at": <unix seconds>}``.
+Readers take the newest value of the channel's key, else of ``global``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from streams.topics import DEFAULT_PREFIX, policy_topic
 log = logging.getLogger(__name__)
 
 GLOBAL = "global"
+SERVING = "serving."
+"""Key prefix of the version the inference engines serve."""
 CONTENT_TYPE = "application/json; schema=trajbus.policy-version; v=1"
 
 
@@ -42,16 +47,18 @@ class PolicyVersionPublisher:
     """The trainer's side: ``publish(version)`` after each update; returns once acknowledged."""
 
     def __init__(self, bootstrap_servers: str, prefix: str = DEFAULT_PREFIX, channel: str = GLOBAL,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, serving: bool = False) -> None:
         self.topic = policy_topic(prefix)
         self.channel = channel
+        self.key = f"{SERVING}{channel}" if serving else channel
+        """``serving=True``: the version the engines serve (weight sync), not the trainer's."""
         self.timeout = timeout
         self._producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True,
                                    "logger": log})
 
     def publish(self, version: int) -> None:
         errors: list = []
-        self._producer.produce(self.topic, key=self.channel.encode(), value=encode_policy_version(version),
+        self._producer.produce(self.topic, key=self.key.encode(), value=encode_policy_version(version),
                                headers=[("content-type", CONTENT_TYPE.encode())],
                                on_delivery=lambda error, _message: errors.append(error) if error else None)
         if self._producer.flush(self.timeout):
@@ -84,9 +91,14 @@ class PolicyWatcher:
         self._consumer.close()
 
     def current(self, channel: str) -> int | None:
-        """The newest version for ``channel`` (else ``global``), or None if none was published."""
+        """The trainer's newest version for ``channel`` (else ``global``), or None if none was published."""
         version = self._versions.get(channel)
         return self._versions.get(GLOBAL) if version is None else version
+
+    def serving(self, channel: str) -> int | None:
+        """The version the engines of ``channel`` serve: its ``serving.`` key, else the trainer's version."""
+        version = self._versions.get(SERVING + channel, self._versions.get(SERVING + GLOBAL))
+        return self.current(channel) if version is None else version
 
     def versions(self) -> dict[str, int]:
         """Every key's newest version seen so far."""

@@ -72,7 +72,7 @@ def summarize(snapshots: list[dict[str, Any]], live_within: float = 30.0) -> dic
             if channel is None:
                 continue
             row = channels[channel]
-            short = name.removeprefix("trajbus_worker_").removeprefix("trajbus_groups_")
+            short = name.removeprefix("trajbus_worker_").removeprefix("trajbus_groups_").removeprefix("trajbus_gateway_")
             if name.endswith("_total"):
                 detail = labels.get("kind") or labels.get("outcome") or labels.get("reason")
                 key = short.removesuffix("_total") + (f"[{detail}]" if detail else "")

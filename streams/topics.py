@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import dataclass
 
@@ -26,6 +27,19 @@ def validate_channel(channel: object) -> str:
     if not isinstance(channel, str) or not _CHANNEL.fullmatch(channel):
         raise ValueError(f"channel: {channel!r} is not a valid channel name (expected [a-z0-9_-]{{1,64}})")
     return channel
+
+
+def channel_setting(text: str) -> tuple[str, str, str]:
+    """``CHANNEL.SETTING=VALUE`` (a per-channel flag) -> (channel, setting, value); argparse ``type=``."""
+    target, sep, value = text.partition("=")
+    channel, dot, name = target.partition(".")
+    if not sep or not dot:
+        raise argparse.ArgumentTypeError(f"expected CHANNEL.SETTING=VALUE, got {text!r}")
+    try:
+        validate_channel(channel)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return channel, name, value
 
 
 def validate_prefix(prefix: object) -> str:

@@ -39,6 +39,8 @@ def test_demo_trains_policy_versions_through_the_whole_system(bootstrap_servers,
     assert [r[0] for r in rows] == ["1", "2"] and all(r[1] == "2" for r in rows), table
     assert rows[0][7] != rows[1][7], "the policy's loss (nll of its rollouts) changes between versions"
     assert "reward by the policy version that generated the rollout: v0:" in out
+    assert "queue_full" not in out[out.index("groups dropped by reason"):].splitlines()[0]  # paced: nothing wasted
+    assert "new trajectories held until the trainer caught up" in out
     assert "torn down" in out
     png = (tmp_path / "report.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n")

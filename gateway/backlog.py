@@ -1,0 +1,145 @@
+"""The backlog signals admission decides on, read from Kafka by every gateway alike.
+
+Twice a second, in one background thread, per channel in use:
+
+- **ready groups**: the groups topic's end offsets minus the trainer consumer
+  group's committed offsets (from the log start, where the queue bound deleted
+  older groups) -- the same lag the worker's queue bound acts on;
+- **groups in flight at other gateways**: each gateway writes a snapshot of its
+  in-flight groups per channel to ``{prefix}.stats`` (the compacted topic the
+  workers write theirs to; key ``gateway-...``, sample
+  ``trajbus_gateway_in_flight_groups``) and follows the topic for the others'.
+  A snapshot older than ``LIVE_WITHIN`` seconds is a gateway that stopped: not counted.
+
+So several gateways on the same topics see the same backlog, with no
+coordinator: each adds its own exact in-flight count to the others' latest.
+One client of each kind is kept open, so a refresh is three small requests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Callable
+
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from streams.topics import groups_topic, stats_topic, trainer_group_id
+
+log = logging.getLogger("trajbus.gateway")
+
+IN_FLIGHT_SAMPLE = "trajbus_gateway_in_flight_groups"
+REFRESH_SECONDS = 0.5
+LIVE_WITHIN = 5.0
+
+
+class BacklogMonitor:
+    """Ready groups per channel, and the in-flight groups of the other gateways; publishes this one's."""
+
+    def __init__(self, bootstrap_servers: str, prefix: str, gateway_id: str,
+                 in_flight: Callable[[], dict[str, int]], on_refresh: Callable[[], None],
+                 timeout: float = 5.0) -> None:
+        self.prefix, self.gateway_id, self.timeout = prefix, gateway_id, timeout
+        self._in_flight, self._on_refresh = in_flight, on_refresh
+        self._channels: set[str] = set()
+        self._ready: dict[str, int] = {}
+        self._others: dict[str, tuple[float, dict[str, int]]] = {}
+        """gateway id -> (updated_at, in-flight groups per channel), from their snapshots."""
+        self._admin = AdminClient({"bootstrap.servers": bootstrap_servers, "logger": log})
+        self._consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"{prefix}.gateway-backlog",
+                                   "enable.auto.commit": False, "fetch.wait.max.ms": 100, "logger": log})
+        self._consumer.assign([TopicPartition(stats_topic(prefix), 0, 0)])
+        self._producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 0, "logger": log})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="backlog-monitor", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def new_gateway_id(port: int) -> str:
+        return f"gateway-{socket.gethostname()}-{port}-{os.getpid()}"
+
+    def watch(self, channel: str) -> None:
+        """Read this channel's backlog from now on (its first value comes with the next refresh)."""
+        self._channels.add(channel)
+
+    def channels(self) -> list[str]:
+        return sorted(self._channels)
+
+    def ready(self, channel: str) -> int | None:
+        """Ready groups the trainer has not consumed; None until read (or while Kafka does not answer)."""
+        self.watch(channel)
+        return self._ready.get(channel)
+
+    def elsewhere(self, channel: str) -> int:
+        """Groups in flight at the other live gateways."""
+        horizon = time.time() - LIVE_WITHIN
+        return sum(counts.get(channel, 0) for at, counts in list(self._others.values()) if at >= horizon)
+
+    # -- the thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            for channel in list(self._channels):
+                try:
+                    self._ready[channel] = self._read_ready(channel)
+                except (KafkaException, RuntimeError) as exc:
+                    self._ready.pop(channel, None)  # unknown: admission waits rather than guesses
+                    log.warning("backlog of channel %s unavailable: %s", channel, exc)
+            self._publish(self._in_flight())
+            self._on_refresh()
+            while not self._stop.is_set() and time.monotonic() - started < REFRESH_SECONDS:
+                self._follow(max(0.0, REFRESH_SECONDS - (time.monotonic() - started)))
+
+    def _read_ready(self, channel: str) -> int:
+        topic = groups_topic(channel, self.prefix)
+        metadata = self._consumer.list_topics(topic, timeout=self.timeout).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return 0  # no groups topic yet: nothing is ready
+        partitions = [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
+        request = ConsumerGroupTopicPartitions(trainer_group_id(channel, self.prefix), partitions)
+        future = next(iter(self._admin.list_consumer_group_offsets([request],
+                                                                   request_timeout=self.timeout).values()))
+        committed = {tp.partition: tp.offset for tp in future.result(self.timeout).topic_partitions or []}
+        ready = 0
+        for tp in partitions:
+            low, high = self._consumer.get_watermark_offsets(tp, timeout=self.timeout)
+            ready += max(0, high - max(low, committed.get(tp.partition, -1)))
+        return ready
+
+    def _publish(self, counts: dict[str, int]) -> None:
+        snapshot = {"worker_id": self.gateway_id, "updated_at": time.time(),
+                    "samples": [[IN_FLIGHT_SAMPLE, {"channel": c}, n] for c, n in sorted(counts.items())]}
+        self._producer.produce(stats_topic(self.prefix), key=self.gateway_id.encode(),
+                               value=json.dumps(snapshot).encode())
+        self._producer.poll(0)
+
+    def _follow(self, timeout: float) -> None:
+        for message in self._consumer.consume(100, timeout):
+            if message.error() or message.key() is None:
+                continue
+            key = message.key().decode(errors="replace")
+            if key == self.gateway_id or not key.startswith("gateway-"):
+                continue
+            if message.value() is None:  # a gateway that stopped
+                self._others.pop(key, None)
+                continue
+            try:
+                snapshot = json.loads(message.value())
+                counts = {labels["channel"]: int(value) for name, labels, value in snapshot["samples"]
+                          if name == IN_FLIGHT_SAMPLE}
+                self._others[key] = (float(snapshot["updated_at"]), counts)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring gateway snapshot %s: %s", key, exc)
+
+    def close(self) -> None:
+        """Stop; the other gateways stop counting this one's groups at once (a tombstone)."""
+        self._stop.set()
+        self._thread.join(10)
+        self._producer.produce(stats_topic(self.prefix), key=self.gateway_id.encode(), value=None)
+        self._producer.flush(self.timeout)
+        self._consumer.close()
