@@ -36,6 +36,7 @@ log = logging.getLogger("trajbus.gateway")
 IN_FLIGHT_SAMPLE = "trajbus_gateway_in_flight_groups"
 REFRESH_SECONDS = 0.5
 LIVE_WITHIN = 5.0
+"""Seconds a snapshot or a read of the lag stays valid: older is a gateway that stopped, or a lag unknown."""
 
 
 class BacklogMonitor:
@@ -47,7 +48,8 @@ class BacklogMonitor:
         self.prefix, self.gateway_id, self.timeout = prefix, gateway_id, timeout
         self._in_flight, self._on_refresh = in_flight, on_refresh
         self._channels: set[str] = set()
-        self._ready: dict[str, int] = {}
+        self._ready: dict[str, tuple[int, float]] = {}
+        """channel -> (ready groups, monotonic time of the read)."""
         self._others: dict[str, tuple[float, dict[str, int]]] = {}
         """gateway id -> (updated_at, in-flight groups per channel), from their snapshots."""
         self._admin = AdminClient({"bootstrap.servers": bootstrap_servers, "logger": log})
@@ -73,7 +75,8 @@ class BacklogMonitor:
     def ready(self, channel: str) -> int | None:
         """Ready groups the trainer has not consumed; None until read (or while Kafka does not answer)."""
         self.watch(channel)
-        return self._ready.get(channel)
+        ready, read_at = self._ready.get(channel, (None, 0.0))
+        return ready if time.monotonic() - read_at <= LIVE_WITHIN else None
 
     def elsewhere(self, channel: str) -> int:
         """Groups in flight at the other live gateways."""
@@ -84,16 +87,22 @@ class BacklogMonitor:
     def _run(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
-            for channel in list(self._channels):
-                try:
-                    self._ready[channel] = self._read_ready(channel)
-                except (KafkaException, RuntimeError) as exc:
-                    self._ready.pop(channel, None)  # unknown: admission waits rather than guesses
-                    log.warning("backlog of channel %s unavailable: %s", channel, exc)
-            self._publish(self._in_flight())
-            self._on_refresh()
-            while not self._stop.is_set() and time.monotonic() - started < REFRESH_SECONDS:
-                self._follow(max(0.0, REFRESH_SECONDS - (time.monotonic() - started)))
+            try:
+                self._refresh()
+                while not self._stop.is_set() and time.monotonic() - started < REFRESH_SECONDS:
+                    self._follow(max(0.0, REFRESH_SECONDS - (time.monotonic() - started)))
+            except Exception as exc:  # noqa: BLE001 - a lag not read goes stale (unknown); never stop reading
+                log.warning("backlog refresh failed: %s", exc)
+                self._stop.wait(REFRESH_SECONDS)
+
+    def _refresh(self) -> None:
+        for channel in list(self._channels):
+            try:
+                self._ready[channel] = (self._read_ready(channel), time.monotonic())
+            except (KafkaException, RuntimeError) as exc:  # unknown: admission waits rather than guesses
+                log.warning("backlog of channel %s unavailable: %s", channel, exc)
+        self._publish(self._in_flight())
+        self._on_refresh()
 
     def _read_ready(self, channel: str) -> int:
         topic = groups_topic(channel, self.prefix)
@@ -112,6 +121,8 @@ class BacklogMonitor:
         return ready
 
     def _publish(self, counts: dict[str, int]) -> None:
+        """This gateway's in-flight groups; every channel watched is named, so a count that drops to 0 is seen."""
+        counts = {**{channel: 0 for channel in self._channels}, **counts}
         snapshot = {"worker_id": self.gateway_id, "updated_at": time.time(),
                     "samples": [[IN_FLIGHT_SAMPLE, {"channel": c}, n] for c, n in sorted(counts.items())]}
         self._producer.produce(stats_topic(self.prefix), key=self.gateway_id.encode(),

@@ -102,6 +102,81 @@ class DemoOutcome:
     seconds: float = 0.0
 
 
+def start_services(config: DemoConfig, bootstrap_servers: str, prefix: str, workdir: Path, policy_dir: Path,
+                   services: list[ServiceProcess]) -> tuple[str, str]:
+    """Worker, inference server and gateway (appended to ``services`` as they start); their URLs once ready."""
+    group_size = config.rollout.env_groups[0].group_size
+    worker_extra = []
+    if config.worker.max_staleness is not None:
+        worker_extra += ["--max-staleness", str(config.worker.max_staleness)]
+    if config.worker.max_queue_size is not None:
+        worker_extra += ["--max-queue-size", str(config.worker.max_queue_size)]
+    if config.worker.group_filter:
+        worker_extra += ["--group-filter", config.worker.group_filter]
+    services.append(worker_process(bootstrap_servers, prefix, workdir / "worker.log", channels="train",
+                                   n_rollouts=group_size, extra=worker_extra).start(own_session=True))
+    server_port, gateway_port = free_port(), free_port()
+    server = inference_server_process(server_port, workdir / "inference.log", policy_dir).start(own_session=True)
+    services.append(server)
+    gateway_extra = ["--prompt-length", str(config.gateway.prompt_length),
+                     "--response-length", str(config.gateway.response_length)]
+    if config.gateway.reward_function:
+        gateway_extra += ["--reward-function", config.gateway.reward_function]
+    for flag, value in (("--max-backlog-groups", config.gateway.max_backlog_groups),
+                        ("--max-staleness", config.gateway.max_staleness)):
+        if value is not None:
+            gateway_extra += [flag, str(value)]
+    gateway = gateway_process(bootstrap_servers, prefix, [f"127.0.0.1:{server_port}"], policy_dir, gateway_port,
+                              workdir / "gateway-state", workdir / "gateway.log", gateway_extra).start(own_session=True)
+    services.append(gateway)
+    server_url, gateway_url = f"http://127.0.0.1:{server_port}", f"http://127.0.0.1:{gateway_port}"
+    wait_http(f"{server_url}/health", 180, server)
+    wait_http(f"{gateway_url}/ready", 180, gateway)
+    return server_url, gateway_url
+
+
+def train(config: DemoConfig, bootstrap_servers: str, prefix: str, policy_dir: Path, server_url: str,
+          publisher: PolicyVersionPublisher, rollouts: Rollouts, version: list[int]
+          ) -> tuple[list[VersionRecord], dict[int, list[float]]]:
+    """GRPO steps on fetched batches until the last policy version; per version what it used and how long
+    it waited for the batch, and the rewards by the version that generated each rollout."""
+    from pipelines.trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(policy_dir, config.trainer.learning_rate)
+    backend = VerlBackend(config.trainer.prompt_length, config.trainer.response_length,
+                          pad_token_id=0, row_mode="trajectory", temperature=config.rollout.temperature)
+    records: list[VersionRecord] = []
+    rewards_by_rollout_version: dict[int, list[float]] = defaultdict(list)
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix, backend=backend) as consumer:
+        while version[0] < config.policy_versions:
+            step_started = time.monotonic()
+            batch = consumer.fetch_dataproto(config.trainer.groups_per_step, timeout=config.trainer.fetch_timeout,
+                                             current_version=version[0])
+            waited = time.monotonic() - step_started
+            if batch is None:
+                failure = rollouts.failure()
+                raise RuntimeError(f"no batch within {config.trainer.fetch_timeout}s"
+                                   + (f": a rollout failed: {failure}" if failure else ""))
+            stale = batch.non_tensor_batch["staleness"]
+            for reward, lag in zip(batch.batch["rm_scores"].sum(-1).tolist(), stale):
+                rewards_by_rollout_version[version[0] - int(lag)].append(reward)
+            report = trainer.step(batch)
+            trainer.save()
+            httpx.post(f"{server_url}/update_weights_from_disk", json={"model_path": str(policy_dir)},
+                       timeout=120).raise_for_status()
+            consumer.commit()
+            version[0] += 1
+            publisher.publish(version[0])
+            records.append(VersionRecord(version[0], config.trainer.groups_per_step, report.rows, report.tokens,
+                                         report.reward, report.loss, report.nll, float(stale.mean()),
+                                         time.monotonic() - step_started, waited))
+            say(5, f"policy v{version[0]}: policy loss {report.loss:+.2e}, nll {report.nll:.4f}, "
+                   f"batch reward {report.reward:.3f}, {report.rows} rows, staleness {stale.mean():.2f}, "
+                   f"{rollouts.episodes()} episodes so far")
+
+    return records, rewards_by_rollout_version
+
+
 def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = None,
              outcome: DemoOutcome | None = None) -> int:
     config = config or load_demo_config()
@@ -136,34 +211,7 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
         publisher.publish(0)
 
         say(3, "starting the stream worker, the inference server and the gateway ...")
-        group_size = config.rollout.env_groups[0].group_size
-        worker_extra = []
-        if config.worker.max_staleness is not None:
-            worker_extra += ["--max-staleness", str(config.worker.max_staleness)]
-        if config.worker.max_queue_size is not None:
-            worker_extra += ["--max-queue-size", str(config.worker.max_queue_size)]
-        if config.worker.group_filter:
-            worker_extra += ["--group-filter", config.worker.group_filter]
-        services.append(worker_process(bootstrap_servers, prefix, workdir / "worker.log", channels="train",
-                                       n_rollouts=group_size, extra=worker_extra).start(own_session=True))
-        server_port, gateway_port = free_port(), free_port()
-        server = inference_server_process(server_port, workdir / "inference.log", policy_dir).start(own_session=True)
-        services.append(server)
-        gateway_extra = ["--prompt-length", str(config.gateway.prompt_length),
-                         "--response-length", str(config.gateway.response_length)]
-        if config.gateway.reward_function:
-            gateway_extra += ["--reward-function", config.gateway.reward_function]
-        for flag, value in (("--max-backlog-groups", config.gateway.max_backlog_groups),
-                            ("--max-staleness", config.gateway.max_staleness)):
-            if value is not None:
-                gateway_extra += [flag, str(value)]
-        gateway = gateway_process(bootstrap_servers, prefix, [f"127.0.0.1:{server_port}"], policy_dir, gateway_port,
-                                  workdir / "gateway-state", workdir / "gateway.log",
-                                  gateway_extra).start(own_session=True)
-        services.append(gateway)
-        server_url, gateway_url = f"http://127.0.0.1:{server_port}", f"http://127.0.0.1:{gateway_port}"
-        wait_http(f"{server_url}/health", 180, server)
-        wait_http(f"{gateway_url}/ready", 180, gateway)
+        server_url, gateway_url = start_services(config, bootstrap_servers, prefix, workdir, policy_dir, services)
         say(3, f"gateway ready at {gateway_url} (logs in {workdir}: demo.log and one per service)")
 
         rollouts = Rollouts(config, gateway_url, policy_dir, version)
@@ -171,39 +219,8 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
         rollouts.start()
 
         say(5, f"training {config.policy_versions} policy versions, {config.trainer.groups_per_step} groups each")
-        from pipelines.trainer import GRPOTrainer
-
-        trainer = GRPOTrainer(policy_dir, config.trainer.learning_rate)
-        backend = VerlBackend(config.trainer.prompt_length, config.trainer.response_length,
-                              pad_token_id=0, row_mode="trajectory", temperature=config.rollout.temperature)
-        records: list[VersionRecord] = []
-        rewards_by_rollout_version: dict[int, list[float]] = defaultdict(list)
-        with BatchConsumer("train", bootstrap_servers, prefix=prefix, backend=backend) as consumer:
-            while version[0] < config.policy_versions:
-                step_started = time.monotonic()
-                batch = consumer.fetch_dataproto(config.trainer.groups_per_step, timeout=config.trainer.fetch_timeout,
-                                                 current_version=version[0])
-                waited = time.monotonic() - step_started
-                if batch is None:
-                    failure = rollouts.failure()
-                    raise RuntimeError(f"no batch within {config.trainer.fetch_timeout}s"
-                                       + (f": a rollout failed: {failure}" if failure else ""))
-                stale = batch.non_tensor_batch["staleness"]
-                for reward, lag in zip(batch.batch["rm_scores"].sum(-1).tolist(), stale):
-                    rewards_by_rollout_version[version[0] - int(lag)].append(reward)
-                report = trainer.step(batch)
-                trainer.save()
-                httpx.post(f"{server_url}/update_weights_from_disk", json={"model_path": str(policy_dir)},
-                           timeout=120).raise_for_status()
-                consumer.commit()
-                version[0] += 1
-                publisher.publish(version[0])
-                records.append(VersionRecord(version[0], config.trainer.groups_per_step, report.rows, report.tokens,
-                                             report.reward, report.loss, report.nll, float(stale.mean()),
-                                             time.monotonic() - step_started, waited))
-                say(5, f"policy v{version[0]}: policy loss {report.loss:+.2e}, nll {report.nll:.4f}, "
-                       f"batch reward {report.reward:.3f}, {report.rows} rows, staleness {stale.mean():.2f}, "
-                       f"{rollouts.episodes()} episodes so far")
+        records, rewards_by_rollout_version = train(config, bootstrap_servers, prefix, policy_dir, server_url,
+                                                    publisher, rollouts, version)
 
         say(6, "done: stopping rollouts")
         admissions = httpx.get(f"{gateway_url}/statistics", timeout=30).json()["admissions"]

@@ -95,6 +95,9 @@ def test_a_paused_trainer_holds_new_trajectories_back_at_every_gateway(
     metrics = httpx.get(f"{first}/metrics").text
     assert 'trajbus_gateway_admissions_total{channel="train",outcome="refused",reason="backlog_full"} 2.0' in metrics
     assert 'trajbus_gateway_admissions_total{channel="train",outcome="admitted",reason="waited"} 1.0' in metrics
+    dashboard = httpx.get(f"{first}/dashboard/data", timeout=30).json()
+    assert dashboard["admission"]["train"]["max_backlog_groups"] == MARK
+    assert ["train", "refused", BACKLOG_FULL, 2] in dashboard["admissions"]
 
 
 def test_new_trajectories_wait_while_the_engines_lag_the_trainer_past_the_bound(
