@@ -20,8 +20,8 @@ until admitted. An admitted trajectory is never refused again: pacing never
 cuts a rollout. Its group stops counting as in flight ``FINISHING_SECONDS``
 after its last admitted trajectory finished (by then the worker has emitted the
 group and the lag counts it as ready: counting it in neither would admit one
-group too many), or after ``abandoned_after`` seconds without a call (an agent
-that died).
+group too many), or after ``idle_timeout`` seconds without a call (an agent
+that died: the gateway abandons it).
 """
 
 from __future__ import annotations
@@ -99,10 +99,10 @@ class Admitted:
 class Admission:
     """Decides, holds and counts admissions; the trajectories it admitted are its in-flight count."""
 
-    def __init__(self, default: AdmissionRules, overrides: dict[str, AdmissionRules], abandoned_after: float,
+    def __init__(self, default: AdmissionRules, overrides: dict[str, AdmissionRules], idle_timeout: float,
                  metrics: GatewayMetrics) -> None:
         self.default, self.overrides = default, overrides
-        self.abandoned_after = abandoned_after
+        self.idle_timeout = idle_timeout
         self.metrics = metrics
         self.admitted: dict[str, Admitted] = {}
         self.finishing: dict[tuple[str, str], float] = {}
@@ -126,7 +126,7 @@ class Admission:
         now = time.time()
         groups: dict[str, set[str]] = {}
         for entry in list(self.admitted.values()):
-            if entry.last_seen >= now - self.abandoned_after:
+            if entry.last_seen >= now - self.idle_timeout:
                 groups.setdefault(entry.channel, set()).add(entry.prompt_uid)
         for (channel, prompt_uid), finished in list(self.finishing.items()):
             if finished >= now - FINISHING_SECONDS:
@@ -139,7 +139,7 @@ class Admission:
     def forget_abandoned(self) -> None:
         """Drop abandoned trajectories and groups finished long enough ago (on the event loop only)."""
         now = time.time()
-        for uid in [uid for uid, entry in self.admitted.items() if entry.last_seen < now - self.abandoned_after]:
+        for uid in [uid for uid, entry in self.admitted.items() if entry.last_seen < now - self.idle_timeout]:
             del self.admitted[uid]
         for key in [key for key, finished in self.finishing.items() if finished < now - FINISHING_SECONDS]:
             del self.finishing[key]

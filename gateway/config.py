@@ -53,8 +53,10 @@ class GatewaySettings:
     channel_admission: dict[str, AdmissionRules] = field(default_factory=dict)
     max_admission_wait: float = 120.0
     """The longest ``?wait=`` a new trajectory may ask to be held for."""
-    abandoned_after: float = 600.0
-    """Seconds without a call after which an admitted trajectory stops counting as in flight."""
+    idle_timeout: float = 1800.0
+    """Seconds without a call after which a trajectory is abandoned (and no longer counts as in flight)."""
+    finished_retention: float = 86400.0
+    """Seconds a completed or abandoned trajectory is kept, so a late duplicate completion still gets 409."""
 
     @property
     def base_address(self) -> str:
@@ -138,9 +140,14 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one channel's limit, e.g. val.max_backlog_groups=off (repeatable)")
     pacing.add_argument("--max-admission-wait", type=positive_float, default=120.0,
                         help="longest ?wait=SECONDS a new trajectory may ask to be held for (default: %(default)s)")
-    pacing.add_argument("--abandoned-after", type=positive_float, default=600.0,
-                        help="seconds without a call after which an admitted trajectory no longer counts as in "
-                             "flight (default: %(default)s)")
+    state = parser.add_argument_group("trajectory state (bounded)")
+    state.add_argument("--idle-timeout", type=positive_float, default=1800.0,
+                       help="seconds without a call after which a trajectory is abandoned: it takes no more calls, "
+                            "no longer counts as in flight, and the worker's group timeout decides its group "
+                            "(default: %(default)s)")
+    state.add_argument("--finished-retention", type=positive_float, default=86400.0,
+                       help="seconds a completed or abandoned trajectory is kept (a late duplicate "
+                            "complete_trajectory gets 409, not 404) (default: %(default)s)")
 
 
 def settings_from_args(args: argparse.Namespace) -> GatewaySettings:

@@ -37,5 +37,9 @@ class GatewayMetrics:
                              ["channel", "reason"], registry=r)
         self.backlog = Gauge("trajbus_gateway_backlog_groups", "The trainer's backlog as admission sees it: ready "
                              "groups, groups in flight here and at other gateways", ["channel", "kind"], registry=r)
+        self.state_trajectories = Gauge("trajbus_gateway_state_trajectories", "Trajectories in the gateway's "
+                                        "state, by status", ["status"], registry=r)
+        self.state_bytes = Gauge("trajbus_gateway_state_bytes", "Bytes of the gateway's trajectory state in use",
+                                 registry=r)
         self.reward = Summary("trajbus_gateway_trajectory_reward", "Rewards of finished trajectories",
                               ["policy_version"], registry=r)

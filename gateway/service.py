@@ -9,9 +9,11 @@ in a worker thread, so a 200 still means the broker has the record.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import secrets
+import sqlite3
 import threading
 import time
 import uuid
@@ -26,7 +28,7 @@ from gateway.errors import GatewayError, bad_request, conflict, from_value_error
 from gateway.metrics import GatewayMetrics
 from gateway.rewards import RewardScorer, RewardUnavailable
 from gateway.tokenizer import ChatTokenizer
-from gateway.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
+from gateway.trajectories import ABANDONED, COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
 from infra.bootstrap import resolve_bootstrap_servers
 from streams.policy import PolicyWatcher
 from streams.producer import DeliveryError, StepProducer, TopicsUnavailable
@@ -59,10 +61,11 @@ class GatewayService:
         self.producer: StepProducer | None = None
         self.bootstrap_servers: str | None = None
         self.policy: PolicyWatcher | None = None
-        self.admission = Admission(settings.admission, settings.channel_admission, settings.abandoned_after,
+        self.admission = Admission(settings.admission, settings.channel_admission, settings.idle_timeout,
                                    self.metrics)
         self.backlog: BacklogMonitor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweeper: asyncio.Task | None = None
         self.kafka_error: str | None = "connecting to Kafka"
         self.started_at = time.time()
         self._stop = threading.Event()
@@ -73,6 +76,7 @@ class GatewayService:
         self._loop = asyncio.get_running_loop()
         for uid, channel, prompt_uid, updated_at in self.store.unfinished():  # admitted before a restart
             self.admission.add(uid, channel, prompt_uid, updated_at)
+        self._sweeper = asyncio.create_task(self._sweep_state())
         self.tokenizer.load_in_background()
         threading.Thread(target=self._connect_kafka, name="kafka-connect", daemon=True).start()
         self.backends.start()
@@ -113,8 +117,34 @@ class GatewayService:
                     self.metrics.backlog.labels(channel, kind).set(getattr(backlog, kind))
         self.admission.wake()
 
+    async def _sweep_state(self) -> None:
+        """Keep the trajectory state bounded (``TrajectoryStore.sweep``), and its size a metric."""
+        interval = max(0.1, min(10.0, self.settings.idle_timeout / 4, self.settings.finished_retention / 4))
+        while True:
+            try:
+                await asyncio.to_thread(self._sweep_once)
+            except sqlite3.Error as exc:  # a full disk, say: the gateway keeps serving, the next sweep retries
+                log.warning("trajectory state sweep failed: %s", exc)
+            await asyncio.sleep(interval)
+
+    def _sweep_once(self) -> None:
+        now = time.time()
+        abandoned, removed = self.store.sweep(now - self.settings.idle_timeout, now - self.settings.finished_retention)
+        if abandoned:  # the admission's own idle rule has dropped them already
+            self.metrics.trajectories.labels("abandoned").inc(len(abandoned))
+        if abandoned or removed:
+            log.info("trajectory state swept abandoned=%d removed=%d", len(abandoned), removed)
+        counts = self.store.counts()
+        for status in (OPEN, COMPLETING, COMPLETED, ABANDONED):
+            self.metrics.state_trajectories.labels(status).set(counts.get(status, 0))
+        self.metrics.state_bytes.set(self.store.bytes_in_use())
+
     async def close(self) -> None:
         self._stop.set()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         if self.backlog is not None:
             await asyncio.to_thread(self.backlog.close)
         await self.backends.close()
@@ -284,7 +314,7 @@ class GatewayService:
             closed = self.store.transition(uid, OPEN, COMPLETING)  # from now on: no more calls
             current = self.store.get(uid)
             if not closed and current.status != COMPLETING:  # completing: an earlier end may land
-                raise conflict(f"trajectory {uid} is already completed")
+                raise conflict(f"trajectory {uid} is already {current.status}")
             try:
                 await asyncio.to_thread(self.producer.complete_trajectory, uid, trajectory.prompt_uid, reward,
                                         trajectory.channel, trajectory.n_rollouts, metadata, current.acknowledged)
@@ -324,7 +354,7 @@ class GatewayService:
 
         return {"uptime_seconds": round(time.time() - self.started_at, 1),
                 "ready": not self.readiness(), "not_ready": self.readiness(),
-                "trajectories": self.store.counts(),
+                "trajectories": self.store.counts(), "state_bytes": self.store.bytes_in_use(),
                 "policy_versions": self.policy.versions() if self.policy is not None else {},
                 "steps_published": total(self.metrics.steps),
                 "tokens": total(self.metrics.tokens),

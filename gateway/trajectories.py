@@ -24,6 +24,13 @@ end again (the worker counts the first to arrive).
 The token state of the conversation (``context_ids``: the last prompt and the
 response sampled for it, and the index of that step) is kept as packed 32-bit
 ids, so a restarted gateway continues the conversation token-exactly.
+
+The state is bounded (``sweep``): a trajectory without a call for the idle
+timeout is ``abandoned`` (it takes no more calls; the worker's group timeout
+decides its group, as for any trajectory that never ends), the conversation
+and token state of a finished trajectory are dropped at once, and a finished
+row is removed once a late duplicate ``complete_trajectory`` no longer needs
+its 409.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-OPEN, COMPLETING, COMPLETED = "open", "completing", "completed"
+OPEN, COMPLETING, COMPLETED, ABANDONED = "open", "completing", "completed", "abandoned"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS trajectories (
@@ -59,6 +66,7 @@ CREATE TABLE IF NOT EXISTS trajectories (
     acknowledged BLOB
 )
 """
+_INDEX = "CREATE INDEX IF NOT EXISTS trajectories_by_status ON trajectories (status, updated_at)"
 # Columns absent from the state of older gateways, added when it is opened:
 _ADDED_COLUMNS = {"context_ids": "BLOB", "context_step": "INTEGER", "acknowledged": "BLOB"}
 
@@ -119,6 +127,7 @@ class TrajectoryStore:
         for name, kind in _ADDED_COLUMNS.items():
             if name not in present:
                 self._db.execute(f"ALTER TABLE trajectories ADD COLUMN {name} {kind}")
+        self._db.execute(_INDEX)
         self._lock = threading.Lock()
 
     def _row(self, row: tuple) -> Trajectory:
@@ -189,18 +198,40 @@ class TrajectoryStore:
                  backend, _pack(context_ids), context_step, time.time(), trajectory_uid))
 
     def transition(self, trajectory_uid: str, from_status: str, to_status: str) -> bool:
-        """Atomic status change; False if the trajectory was not in ``from_status``."""
+        """Atomic status change; False if the trajectory was not in ``from_status``. A completed
+        trajectory keeps only what a late duplicate completion needs: no conversation, no token state."""
+        finished = ", last_conversation = NULL, context_ids = NULL" if to_status == COMPLETED else ""
         with self._lock:
             cursor = self._db.execute(
-                "UPDATE trajectories SET status = ?, updated_at = ? WHERE trajectory_uid = ? AND status = ?",
+                f"UPDATE trajectories SET status = ?, updated_at = ?{finished} WHERE trajectory_uid = ? AND status = ?",
                 (to_status, time.time(), trajectory_uid, from_status))
         return cursor.rowcount == 1
 
+    def sweep(self, idle_before: float, finished_before: float) -> tuple[list[str], int]:
+        """Abandon open (and completing) trajectories last used before ``idle_before``, remove finished
+        ones last changed before ``finished_before``; returns (uids abandoned, rows removed)."""
+        with self._lock:
+            abandoned = [row[0] for row in self._db.execute(
+                "UPDATE trajectories SET status = ?, last_conversation = NULL, context_ids = NULL, updated_at = ? "
+                "WHERE status IN (?, ?) AND updated_at < ? RETURNING trajectory_uid",
+                (ABANDONED, time.time(), OPEN, COMPLETING, idle_before)).fetchall()]
+            removed = self._db.execute("DELETE FROM trajectories WHERE status IN (?, ?) AND updated_at < ?",
+                                       (COMPLETED, ABANDONED, finished_before)).rowcount
+        return abandoned, removed
+
+    def bytes_in_use(self) -> int:
+        """Bytes of the state's pages that hold data (free pages, left by removed rows, not counted)."""
+        with self._lock:
+            pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+            free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+            size = self._db.execute("PRAGMA page_size").fetchone()[0]
+        return (pages - free) * size
+
     def unfinished(self) -> list[tuple[str, str, str, float]]:
-        """(trajectory_uid, channel, prompt_uid, updated_at) of every trajectory not completed."""
+        """(trajectory_uid, channel, prompt_uid, updated_at) of every trajectory still open or completing."""
         with self._lock:
             return self._db.execute("SELECT trajectory_uid, channel, prompt_uid, updated_at FROM trajectories "
-                                    "WHERE status != ?", (COMPLETED,)).fetchall()
+                                    "WHERE status IN (?, ?)", (OPEN, COMPLETING)).fetchall()
 
     def counts(self) -> dict[str, int]:
         with self._lock:

@@ -59,7 +59,7 @@ def test_per_channel_limits_override_the_defaults():
 
 
 def admission(mark: int, ready: int | None) -> Admission:
-    gate = Admission(AdmissionRules(max_backlog_groups=mark), {}, abandoned_after=600, metrics=GatewayMetrics())
+    gate = Admission(AdmissionRules(max_backlog_groups=mark), {}, idle_timeout=600, metrics=GatewayMetrics())
     gate.ready = lambda channel: ready
     return gate
 

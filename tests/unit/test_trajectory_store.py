@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import pytest
 
-from gateway.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
+from gateway.trajectories import ABANDONED, COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
 
 
 @pytest.fixture
@@ -135,3 +136,31 @@ def test_state_survives_reopening_and_an_interrupted_completion_stays_completing
             second.take_steps("cut", 1)
     finally:
         second.close()
+
+
+def test_the_state_shrinks_back_after_a_burst(store):
+    """Completed trajectories lose their conversation at once and their row after the retention;
+    idle ones are abandoned, then removed the same way."""
+    empty = store.bytes_in_use()
+    conversation = [{"role": "user", "content": "x" * 4000}]
+    for i in range(200):
+        new(store, uid=f"t{i}")
+        store.take_steps(f"t{i}", 1)
+        store.record_published(f"t{i}", 0, 1, conversation, "http://a:1", list(range(2000)), 0)
+    peak = store.bytes_in_use()
+    for i in range(100):  # half complete, half go idle
+        store.transition(f"t{i}", OPEN, COMPLETING)
+        store.transition(f"t{i}", COMPLETING, COMPLETED)
+    done = store.get("t0")
+    assert done.last_conversation is None and done.context_ids is None and done.acknowledged == [0]
+
+    abandoned, removed = store.sweep(idle_before=time.time() + 1, finished_before=0)
+    assert sorted(abandoned) == sorted(f"t{i}" for i in range(100, 200)) and removed == 0
+    assert store.counts() == {COMPLETED: 100, ABANDONED: 100}
+    assert store.unfinished() == []
+    with pytest.raises(LookupError):
+        store.take_steps("t150", 1)  # an abandoned trajectory takes no more calls
+
+    assert store.sweep(idle_before=0, finished_before=time.time() + 1) == ([], 200)
+    assert store.counts() == {} and store.get("t0") is None
+    assert store.bytes_in_use() < peak / 10 and store.bytes_in_use() <= empty + 64 * 1024
