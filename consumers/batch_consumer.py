@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from infra.bootstrap import resolve_bootstrap_servers
 from infra.topics import watermarks
+from infra.kafka_config import client_config
 from consumers import metrics
 from consumers.backends import TrainingBackend, check_group
 from streams import codec
@@ -44,8 +45,7 @@ class BatchConsumer:
         self.topic = groups_topic(channel, prefix)
         self.bootstrap_servers = resolve_bootstrap_servers(bootstrap_servers)
         self.group_id = group_id or trainer_group_id(channel, prefix)
-        self._consumer = Consumer({
-            "bootstrap.servers": self.bootstrap_servers,
+        self._consumer = Consumer(client_config(self.bootstrap_servers, {
             "logger": log,  # librdkafka logs as structured Python log lines, not raw stderr
             "group.id": self.group_id,
             "auto.offset.reset": "earliest",
@@ -58,7 +58,7 @@ class BatchConsumer:
             "max.poll.interval.ms": 3600 * 1000,
             "fetch.max.bytes": 64 * 1024 * 1024,
             **config,
-        })
+        }))
         self._restore: dict[int, int] = {}
         """Positions from ``load_state_dict`` to apply when the partitions are assigned."""
         self._positions: dict[int, int] = {}
@@ -211,8 +211,7 @@ class BatchConsumer:
         except ValueError as exc:
             reason = f"undecodable: {exc}"
         if self._dlq is None:
-            self._dlq = Producer({"bootstrap.servers": self.bootstrap_servers,
-                                  "enable.idempotence": True, "logger": log})
+            self._dlq = Producer(client_config(self.bootstrap_servers, {"enable.idempotence": True, "logger": log}))
         self._dlq.produce(dlq_topic(self.prefix), key=message.key(), value=message.value(),
                           headers=dlq_headers(message.headers(), reason, message.topic(),
                                               message.partition(), message.offset()))

@@ -27,6 +27,7 @@ from typing import Any, Iterator
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra.bootstrap import resolve_bootstrap_servers
+from infra.kafka_config import client_config
 from infra.topics import ensure_topics, read_partition, watermarks
 from streams import codec
 from streams.producer import StepProducer
@@ -93,10 +94,9 @@ class Replay:
             raise ReplayError(f"window: the end ({end_time}) is before the start ({start_time})")
         if start_offset is not None and end_offset is not None and end_offset < start_offset:
             raise ReplayError(f"window: the end offset {end_offset} is before the start offset {start_offset}")
-        self._consumer = Consumer({"bootstrap.servers": self.bootstrap_servers,
-                                   "group.id": f"{prefix}.replay.{uuid.uuid4().hex[:8]}",
-                                   "enable.auto.commit": False, "enable.partition.eof": True,
-                                   "fetch.wait.max.ms": 50, "logger": log})
+        self._consumer = Consumer(client_config(self.bootstrap_servers, {
+            "group.id": f"{prefix}.replay.{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+            "enable.partition.eof": True, "fetch.wait.max.ms": 50, "logger": log}))
         self.ranges = self._resolve(start_time, end_time, start_offset, end_offset)
 
     # -- the window -------------------------------------------------------------
@@ -205,8 +205,8 @@ class Replay:
         return self._steps_into(target, n_rollouts)
 
     def _groups_into(self, target: str) -> int:
-        producer = Producer({"bootstrap.servers": self.bootstrap_servers, "enable.idempotence": True,
-                             "compression.type": "lz4", "linger.ms": 5, "logger": log})
+        producer = Producer(client_config(self.bootstrap_servers, {
+            "enable.idempotence": True, "compression.type": "lz4", "linger.ms": 5, "logger": log}))
         errors: list = []
         written = 0
         try:

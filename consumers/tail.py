@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Message, TopicPartition
 
+from infra.kafka_config import client_config
 from streams import codec
 from streams.dlq import REASON
 from streams.records import ReadyGroup, Step, TrajectoryEnd
@@ -77,8 +78,9 @@ def readable(entry: dict[str, Any]) -> str:
 def tail(bootstrap_servers: str, topic: str, from_beginning: bool = False, max_records: int | None = None,
          as_json: bool = False, out: TextIO = sys.stdout) -> int:
     """Print records of ``topic`` as they arrive; returns how many were printed."""
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"trajbus.tail.{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False, "fetch.wait.max.ms": 100, "logger": log})
+    consumer = Consumer(client_config(bootstrap_servers, {
+        "group.id": f"trajbus.tail.{uuid.uuid4().hex[:8]}", "enable.auto.commit": False, "fetch.wait.max.ms": 100,
+        "logger": log}))
     try:
         topics = consumer.list_topics(timeout=10).topics
         if topic not in topics:

@@ -29,6 +29,7 @@ from typing import Callable
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from infra.kafka_config import client_config
 from streams.topics import groups_topic, stats_topic, trainer_group_id
 
 log = logging.getLogger("trajbus.gateway")
@@ -52,11 +53,12 @@ class BacklogMonitor:
         """channel -> (ready groups, monotonic time of the read)."""
         self._others: dict[str, tuple[float, dict[str, int]]] = {}
         """gateway id -> (updated_at, in-flight groups per channel), from their snapshots."""
-        self._admin = AdminClient({"bootstrap.servers": bootstrap_servers, "logger": log})
-        self._consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"{prefix}.gateway-backlog",
-                                   "enable.auto.commit": False, "fetch.wait.max.ms": 100, "logger": log})
+        self._admin = AdminClient(client_config(bootstrap_servers, {"logger": log}))
+        self._consumer = Consumer(client_config(bootstrap_servers, {
+            "group.id": f"{prefix}.gateway-backlog", "enable.auto.commit": False, "fetch.wait.max.ms": 100,
+            "logger": log}))
         self._consumer.assign([TopicPartition(stats_topic(prefix), 0, 0)])
-        self._producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 0, "logger": log})
+        self._producer = Producer(client_config(bootstrap_servers, {"linger.ms": 0, "logger": log}))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="backlog-monitor", daemon=True)
         self._thread.start()

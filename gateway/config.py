@@ -17,6 +17,7 @@ from gateway.admission import SETTINGS as ADMISSION_SETTINGS
 from gateway.admission import AdmissionRules
 from gateway.conversation import CUMULATIVE, MULTI_TURN_MODES
 from infra.arguments import positive_float, positive_int
+from infra.kafka_config import add_connection_arguments
 from infra.paths import trajbus_cache_dir
 from streams.topics import DEFAULT_PREFIX, channel_setting, validate_channel
 
@@ -102,7 +103,7 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
                         help="longest prompt in tokens; longer is 400 context_length_exceeded")
     parser.add_argument("--response-length", type=positive_int, default=1024,
                         help="most tokens one call may generate (the default max_tokens)")
-    parser.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (HOST:PORT[,HOST:PORT])")
+    add_connection_arguments(parser)
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)")
     parser.add_argument("--channel", dest="default_channel", type=_channel, default="train",
                         help="channel of trajectories that name none (default: %(default)s)")

@@ -7,6 +7,7 @@ import sys
 
 from gateway.config import GatewaySettings, add_gateway_arguments, settings_from_args
 from infra import ray_exit
+from infra.kafka_config import KafkaConfigError, apply_connection_arguments
 from infra.logs import configure_logging
 
 EXIT_USAGE = 2
@@ -34,4 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
+    try:
+        apply_connection_arguments(args)
+    except KafkaConfigError as exc:
+        print(f"trajbus gateway: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     return serve(settings_from_args(args))

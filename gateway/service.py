@@ -30,6 +30,7 @@ from gateway.rewards import RewardScorer, RewardUnavailable
 from gateway.tokenizer import ChatTokenizer
 from gateway.trajectories import ABANDONED, COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
 from infra.bootstrap import resolve_bootstrap_servers
+from infra.kafka_config import authentication_failure, explain
 from streams.policy import PolicyWatcher
 from streams.producer import DeliveryError, StepProducer, TopicsUnavailable
 from streams.records import Step, validate_metadata
@@ -86,6 +87,7 @@ class GatewayService:
     def _connect_kafka(self) -> None:
         """Resolve the broker, provision the default channel, follow the policy topic; retry until done."""
         while not self._stop.is_set():
+            servers, producer = None, None
             try:
                 servers = resolve_bootstrap_servers(self.settings.bootstrap_servers)
                 producer = StepProducer(servers, prefix=self.settings.prefix, timeout=self.settings.publish_timeout)
@@ -97,8 +99,11 @@ class GatewayService:
                 log.info("kafka producer ready bootstrap=%s prefix=%s", servers, self.settings.prefix)
                 return
             except Exception as exc:  # reported by /ready; retried
-                self.kafka_error = f"Kafka not reachable: {exc}"
-                log.warning("kafka connect failed, retrying: %s", exc)
+                if producer is not None:
+                    producer.close()
+                refused = authentication_failure(servers)
+                self.kafka_error = explain(exc) if refused else f"Kafka not reachable: {exc}"
+                log.warning("kafka connect failed, retrying: %s", self.kafka_error)
                 self._stop.wait(2.0)
 
     def _watch_backlog(self, servers: str) -> None:

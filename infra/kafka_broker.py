@@ -7,6 +7,10 @@ that started it (``trajbus broker up``) until ``trajbus broker down``.
 
 Production users never touch this module: they pass ``--bootstrap-servers`` (or
 set ``TRAJBUS_BOOTSTRAP_SERVERS``) and point trajbus at their own cluster.
+
+``secure=True`` (``trajbus broker up --secure``) serves clients on a SASL/PLAIN
+listener only, as a managed cluster would; the credentials are written to
+``client.properties`` in the state directory (``TRAJBUS_KAFKA_CONFIG`` takes it).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import base64
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -76,6 +81,8 @@ class BrokerState:
     version: str
     data_dir: str
     log_file: str
+    client_properties: str | None = None
+    """A secure broker's client properties file (SASL credentials); None: plaintext."""
 
     @property
     def bootstrap_servers(self) -> str:
@@ -129,11 +136,13 @@ class EmbeddedKafka:
         cache_dir: Path | str | None = None,
         version: str = KAFKA_VERSION,
         heap: str = "768m",
+        secure: bool = False,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir else default_state_dir()
         self.cache_dir = Path(cache_dir) if cache_dir else trajbus_cache_dir()
         self.version = version
         self.heap = heap
+        self.secure = secure
 
     # -- paths -------------------------------------------------------------
     @property
@@ -155,6 +164,22 @@ class EmbeddedKafka:
     @property
     def log_file(self) -> Path:
         return self.state_dir / "broker.log"
+
+    @property
+    def client_properties_file(self) -> Path:
+        return self.state_dir / "client.properties"
+
+    def _client_properties(self) -> dict[str, str]:
+        """The secure broker's client credentials, made once per state directory (readable by its owner)."""
+        path = self.client_properties_file
+        if not path.exists():
+            password = secrets.token_urlsafe(18)
+            path.write_text(f"security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=trajbus\n"
+                            f"sasl.password={password}\n")
+            path.chmod(0o600)
+        from infra.kafka_config import read_properties_file
+
+        return read_properties_file(path)
 
     # -- install -------------------------------------------------------------
     def is_installed(self) -> bool:
@@ -229,6 +254,22 @@ class EmbeddedKafka:
             "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
             "log.dirs": str(self.data_dir),
         })
+        if self.secure:  # clients: SASL/PLAIN only; the node talks to itself on a loopback listener of its own
+            internal = _free_port()
+            credentials = self._client_properties()
+            user, password = credentials["sasl.username"], credentials["sasl.password"]
+            props.update({
+                "listeners": f"SASL_PLAINTEXT://{HOST}:{port},INTERNAL://{HOST}:{internal},"
+                             f"CONTROLLER://{HOST}:{controller_port}",
+                "advertised.listeners": f"SASL_PLAINTEXT://{HOST}:{port},INTERNAL://{HOST}:{internal}",
+                "inter.broker.listener.name": "INTERNAL",
+                "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,INTERNAL:PLAINTEXT,"
+                                                  "CONTROLLER:PLAINTEXT",
+                "sasl.enabled.mechanisms": "PLAIN",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+                    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                    f'username="{user}" password="{password}" user_{user}="{password}";',
+            })
         config = self.state_dir / "server.properties"
         config.write_text("".join(f"{key}={value}\n" for key, value in props.items()))
         log4j = resources.files("infra").joinpath("kafka/log4j.properties").read_text()
@@ -280,6 +321,7 @@ class EmbeddedKafka:
         state = BrokerState(
             pid=process.pid, host=HOST, port=port, controller_port=controller_port,
             version=self.version, data_dir=str(self.data_dir), log_file=str(self.log_file),
+            client_properties=str(self.client_properties_file) if self.secure else None,
         )
         self.state_file.write_text(json.dumps(asdict(state)))
         try:
@@ -300,7 +342,8 @@ class EmbeddedKafka:
         """Ready means a real client got cluster metadata back, not that a port opened."""
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": state.bootstrap_servers, "log_level": 0,
+        credentials = self._client_properties() if self.secure else {}
+        admin = AdminClient({"bootstrap.servers": state.bootstrap_servers, "log_level": 0, **credentials,
                              "logger": logging.getLogger("infra.kafka_broker.probe")})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -12,9 +12,13 @@ import sys
 import time
 from typing import Callable
 
+from confluent_kafka import KafkaException
+
 from infra.arguments import positive_int
 from infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
 from infra.kafka_broker import BrokerError, EmbeddedKafka
+from infra.kafka_config import (KafkaConfigError, add_connection_arguments, apply_connection_arguments,
+                                authentication_failure, explain)
 from infra.logs import configure_logging
 from infra.topics import consumer_groups_lag, describe_topics, ensure_topics
 from streams.topics import DEFAULT_CHANNELS, DEFAULT_PREFIX, TopicSettings, channel_setting, validate_channel
@@ -47,9 +51,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
     if args.engine == "tansu":
         from infra.tansu_broker import TansuBroker
 
+        if args.secure:
+            raise UsageError("--secure: the Tansu broker has no SASL listener; use --engine kafka")
         broker: EmbeddedKafka = TansuBroker(state_dir=args.state_dir)
     else:
-        broker = EmbeddedKafka(state_dir=args.state_dir)
+        broker = EmbeddedKafka(state_dir=args.state_dir, secure=args.secure)
     if args.action == "install":
         print(f"{broker.label}: {broker.install()}")
         return 0
@@ -61,6 +67,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
             print(f"starting {broker.label} in {broker.state_dir} ...", flush=True)
         state = broker.start(fresh=args.fresh)
         print(f"{state.version} running, pid {state.pid}, log {state.log_file}")
+        if state.client_properties:
+            print(f"SASL/PLAIN only; credentials: export TRAJBUS_KAFKA_CONFIG={state.client_properties}")
         print(state.bootstrap_servers)  # the last line is the address, by contract
         return 0
     if args.action == "down":
@@ -277,7 +285,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- parser ---------------------------------------------------------------------
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (HOST:PORT[,HOST:PORT])")
+    add_connection_arguments(parser)
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)")
     parser.add_argument("--steps-partitions", type=positive_int, default=TopicSettings.steps_partitions)
     parser.add_argument("--groups-partitions", type=positive_int, default=TopicSettings.groups_partitions)
@@ -295,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--state-dir", help="where the broker keeps data, log and address "
                                             "(default: $TRAJBUS_STATE_DIR or ~/.cache/trajbus/broker)")
     broker.add_argument("--fresh", action="store_true", help="wipe the data directory before starting")
+    broker.add_argument("--secure", action="store_true",
+                        help="serve clients on a SASL/PLAIN listener only (credentials in the state directory's "
+                             "client.properties), as a managed cluster does")
     broker.add_argument("--engine", choices=["kafka", "tansu"], default="kafka",
                         help="kafka: Apache Kafka (needs Java); tansu: the pip-only Tansu binary, memory only, "
                              "no retention, no transactions, no timestamp look-ups (default: %(default)s)")
@@ -328,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=cmd_worker)
 
     stats = sub.add_parser("stats", help="statistics of the stream workers, per channel")
-    stats.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (HOST:PORT[,HOST:PORT])")
+    add_connection_arguments(stats)
     stats.add_argument("--prefix", default=DEFAULT_PREFIX)
     stats.add_argument("--json", action="store_true", help="machine-readable output")
     stats.set_defaults(func=cmd_stats)
@@ -349,14 +360,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     tail = sub.add_parser("tail", help="print a topic's records live, readable (or --json)")
     tail.add_argument("topic", help="a full topic name, e.g. trajbus.steps.train")
-    tail.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (HOST:PORT[,HOST:PORT])")
+    add_connection_arguments(tail)
     tail.add_argument("--from-beginning", action="store_true", help="start at the oldest retained record")
     tail.add_argument("--max", type=positive_int, help="stop after this many records")
     tail.add_argument("--json", action="store_true", help="one JSON object per record")
     tail.set_defaults(func=cmd_tail)
 
     replay = sub.add_parser("replay", help="replay a channel's history (a window, some policy versions)")
-    replay.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (HOST:PORT[,HOST:PORT])")
+    add_connection_arguments(replay)
     replay.add_argument("--prefix", default=DEFAULT_PREFIX)
     replay.add_argument("--channel", required=True, help="the channel whose history is replayed")
     replay.add_argument("--source", choices=["groups", "steps"], default="groups",
@@ -372,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.set_defaults(func=cmd_replay)
 
     demo = sub.add_parser("demo", help="the whole system end to end: agents, gateway, worker, a GRPO trainer")
-    demo.add_argument("--bootstrap-servers", help="use this cluster instead of a throw-away embedded broker")
+    add_connection_arguments(demo, "use this cluster instead of a throw-away embedded broker")
     demo.add_argument("--config", help="the demo's YAML file (default: pipelines/configs/demo.yaml)")
     demo.set_defaults(func=cmd_demo)
     return parser
@@ -384,13 +395,18 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.verbose)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
+        apply_connection_arguments(args)
         return func(args)
-    except UsageError as exc:
+    except (UsageError, KafkaConfigError) as exc:
         print(f"trajbus {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (BrokerNotFound, BrokerError) as exc:
         print(f"trajbus {args.command}: {exc}", file=sys.stderr)
         return 1
+    except KafkaException as exc:  # credentials the broker refused are bad input: exit 2
+        servers = getattr(args, "bootstrap_servers", None)
+        print(f"trajbus {args.command}: {explain(exc, servers)}", file=sys.stderr)
+        return EXIT_USAGE if authentication_failure() else 1
     except KeyboardInterrupt:
         return 130
 

@@ -45,6 +45,7 @@ from confluent_kafka import Consumer, Producer
 from prometheus_client import start_http_server
 
 from infra.topics import consumer_group_lag, delete_records_before, describe_topics, end_offsets_of, read_partition
+from infra.kafka_config import client_config, faust_credentials
 from streams import codec
 from streams.assembly import Outcome, PendingGroup
 from streams.dlq import dlq_headers
@@ -106,8 +107,8 @@ class SourceRecord:
 
 def read_range(bootstrap_servers: str, topic: str, partition: int, start: int, end: int) -> list[SourceRecord]:
     """Records of one partition with ``start <= offset < end`` (fewer where the log has gaps)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "trajbus.read-range",
-                         "enable.auto.commit": False, "enable.partition.eof": True, "logger": log})
+    consumer = Consumer(client_config(bootstrap_servers, {"group.id": "trajbus.read-range", "enable.auto.commit": False,
+                                                          "enable.partition.eof": True, "logger": log}))
     try:
         return [SourceRecord(topic, partition, m.offset(), m.key(), m.value(), list(m.headers() or []))
                 for m in read_partition(consumer, topic, partition, start, end)]
@@ -506,8 +507,7 @@ class GroupAssembler:
 
     def publish_stats(self) -> None:
         if self.stats_producer is None:
-            self.stats_producer = Producer({"bootstrap.servers": self.bootstrap_servers, "logger": log,
-                                            "linger.ms": 50})
+            self.stats_producer = Producer(client_config(self.bootstrap_servers, {"logger": log, "linger.ms": 50}))
         self.stats_producer.produce(stats_topic(self.prefix), key=self.metrics.worker_id.encode(),
                                     value=encode_snapshot(self.metrics.snapshot()))
         self.stats_producer.poll(0)
@@ -540,6 +540,7 @@ def build_app(bootstrap_servers: str, settings: WorkerSettings, datadir: Path) -
     app = faust.App(
         settings.app_id,
         broker=_broker_urls(bootstrap_servers),
+        broker_credentials=faust_credentials(),  # the same connection as every other client
         store="memory://",  # tables are rebuilt from their changelog topics on start
         datadir=str(datadir),  # Faust's local files; nothing in them outlives the process
         topic_partitions=settings.topics.steps_partitions,

@@ -16,6 +16,7 @@ import threading
 import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from infra.kafka_config import client_config
 
 from streams.topics import DEFAULT_PREFIX, policy_topic
 
@@ -53,8 +54,7 @@ class PolicyVersionPublisher:
         self.key = f"{SERVING}{channel}" if serving else channel
         """``serving=True``: the version the engines serve (weight sync), not the trainer's."""
         self.timeout = timeout
-        self._producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True,
-                                   "logger": log})
+        self._producer = Producer(client_config(bootstrap_servers, {"enable.idempotence": True, "logger": log}))
 
     def publish(self, version: int) -> None:
         errors: list = []
@@ -73,8 +73,9 @@ class PolicyWatcher:
     def __init__(self, bootstrap_servers: str, prefix: str = DEFAULT_PREFIX) -> None:
         self._versions: dict[str, int] = {}
         self._stop = threading.Event()
-        self._consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"{prefix}.policy-watcher",
-                                   "enable.auto.commit": False, "fetch.wait.max.ms": 100, "logger": log})
+        self._consumer = Consumer(client_config(bootstrap_servers, {
+            "group.id": f"{prefix}.policy-watcher", "enable.auto.commit": False, "fetch.wait.max.ms": 100,
+            "logger": log}))
         self._consumer.assign([TopicPartition(policy_topic(prefix), 0, 0)])
         self._thread = threading.Thread(target=self._run, name="policy-watcher", daemon=True)
         self._thread.start()

@@ -18,6 +18,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from infra.bootstrap import resolve_bootstrap_servers
 from infra.topics import ensure_topics
+from infra.kafka_config import client_config
 from streams import codec
 from streams.records import END_STEPS, Step, TrajectoryEnd
 from streams.topics import DEFAULT_PREFIX, TopicSettings, steps_topic, validate_channel
@@ -95,8 +96,7 @@ class StepProducer:
         self._provisioned: set[str] = set()
         self._provision_lock = threading.Lock()
         self._closed = False
-        self._producer = Producer({
-            "bootstrap.servers": self.bootstrap_servers,
+        self._producer = Producer(client_config(self.bootstrap_servers, {
             "logger": log,  # librdkafka logs as structured Python log lines, not raw stderr
             "enable.idempotence": True,  # acks=all, no duplicates from internal retries
             # Every call waits for its acknowledgement, so lingering only adds latency (measured on
@@ -109,7 +109,7 @@ class StepProducer:
             "partitioner": "murmur2_random",
             "message.max.bytes": self.settings.max_message_bytes,
             **config,
-        })
+        }))
 
     def is_provisioned(self, channel: str) -> bool:
         """Whether this producer already provisioned the channel's topics (no broker call)."""

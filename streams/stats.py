@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from infra.kafka_config import client_config
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32, float("inf"))
 
 
@@ -72,7 +73,9 @@ def summarize(snapshots: list[dict[str, Any]], live_within: float = 30.0) -> dic
             if channel is None:
                 continue
             row = channels[channel]
-            short = name.removeprefix("trajbus_worker_").removeprefix("trajbus_groups_").removeprefix("trajbus_gateway_")
+            short = name
+            for prefix in ("trajbus_worker_", "trajbus_groups_", "trajbus_gateway_"):
+                short = short.removeprefix(prefix)
             if name.endswith("_total"):
                 detail = labels.get("kind") or labels.get("outcome") or labels.get("reason")
                 key = short.removesuffix("_total") + (f"[{detail}]" if detail else "")
@@ -105,8 +108,8 @@ def read_snapshots(bootstrap_servers: str, prefix: str, timeout: float = 10.0) -
     from streams.topics import stats_topic
 
     topic = stats_topic(prefix)
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"{prefix}.stats-reader",
-                         "enable.auto.commit": False})
+    consumer = Consumer(client_config(bootstrap_servers, {"group.id": f"{prefix}.stats-reader",
+                                                          "enable.auto.commit": False}))
     latest: dict[bytes, dict[str, Any]] = {}
     try:
         metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)

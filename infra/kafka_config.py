@@ -1,0 +1,209 @@
+"""The Kafka connection every client of the process uses: address, security, client properties.
+
+A production cluster needs more than a bootstrap address: SASL (PLAIN, SCRAM,
+OAUTHBEARER), TLS (CA, client certificate) and other client properties. They are
+given once, as Kafka users know them, in librdkafka's property names:
+
+- a properties file, ``TRAJBUS_KAFKA_CONFIG=client.properties`` (``key=value``
+  lines, ``#`` comments), or ``--kafka-config FILE``;
+- environment variables ``TRAJBUS_KAFKA_<PROPERTY>``, the name upper-cased with
+  ``_`` for ``.`` (``TRAJBUS_KAFKA_SASL_PASSWORD`` is ``sasl.password``), which
+  override the file; ``--kafka-property KEY=VALUE`` overrides both (the CLI puts
+  it in the environment, so the services it starts inherit it);
+- code: ``configure({...})``.
+
+``client_config`` turns it into a confluent-kafka producer, consumer or admin
+configuration; ``faust_credentials`` into the worker's aiokafka credentials.
+Checked before anything connects (``KafkaConfigError``: the CLI's exit 2), and
+secrets never reach logs, ``/statistics`` or exceptions (``redacted``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+CONFIG_FILE_VAR = "TRAJBUS_KAFKA_CONFIG"
+ENV_PREFIX = "TRAJBUS_KAFKA_"
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
+SECRET_WORDS = ("password", "secret", "jaas", "token", "key.pem", "credentials")
+FILE_PROPERTIES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
+
+_configured: dict[str, str] | None = None
+_authentication_failure: str | None = None
+
+
+class KafkaConfigError(ValueError):
+    """The connection settings are malformed or incomplete (named in the message, secrets left out)."""
+
+
+def read_properties_file(path: str | Path) -> dict[str, str]:
+    """``key=value`` (or ``key: value``) lines; ``#`` and ``!`` start comments, as in Java properties."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise KafkaConfigError(f"kafka config: cannot read {path} ({exc.strerror})") from None
+    properties = {}
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        key, sep, value = line.replace(":", "=", 1).partition("=") if "=" not in line else line.partition("=")
+        if not sep or not key.strip():
+            raise KafkaConfigError(f"kafka config: {path} line {number} is not key=value")
+        properties[key.strip()] = value.strip()
+    return properties
+
+
+def from_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The properties of the file in ``TRAJBUS_KAFKA_CONFIG``, overridden by ``TRAJBUS_KAFKA_*`` variables."""
+    environ = os.environ if environ is None else environ
+    properties = read_properties_file(environ[CONFIG_FILE_VAR]) if environ.get(CONFIG_FILE_VAR) else {}
+    for name, value in environ.items():
+        if name.startswith(ENV_PREFIX) and name != CONFIG_FILE_VAR:
+            properties[name[len(ENV_PREFIX):].lower().replace("_", ".")] = value
+    return validate(properties)
+
+
+def validate(properties: dict[str, str]) -> dict[str, str]:
+    protocol = properties.get("security.protocol", "PLAINTEXT").upper()
+    if protocol not in PROTOCOLS:
+        raise KafkaConfigError(f"security.protocol: unknown protocol {properties['security.protocol']!r} "
+                               f"(expected one of {', '.join(PROTOCOLS)})")
+    if protocol.startswith("SASL"):
+        mechanism = properties.get("sasl.mechanism", properties.get("sasl.mechanisms", "GSSAPI")).upper()
+        if mechanism not in MECHANISMS:
+            raise KafkaConfigError(f"sasl.mechanism: unknown mechanism {mechanism!r} "
+                                   f"(expected one of {', '.join(MECHANISMS)})")
+        if mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+            for needed in ("sasl.username", "sasl.password"):
+                if not properties.get(needed):
+                    raise KafkaConfigError(f"{needed}: missing, and security.protocol {protocol} with "
+                                           f"sasl.mechanism {mechanism} needs it")
+    elif "sasl.mechanism" in properties or "sasl.username" in properties:
+        raise KafkaConfigError(f"sasl.mechanism: given, but security.protocol is {protocol} (SASL_PLAINTEXT or "
+                               "SASL_SSL use it)")
+    for name in FILE_PROPERTIES:
+        if name in properties and not Path(properties[name]).is_file():
+            raise KafkaConfigError(f"{name}: no such file {properties[name]!r}")
+    return properties
+
+
+def configure(properties: dict[str, str] | None) -> None:
+    """Set this process's connection properties from code (None: read the environment again)."""
+    global _configured
+    _configured = None if properties is None else validate(dict(properties))
+
+
+def connection_properties() -> dict[str, str]:
+    """The security and client properties every client of this process adds to its own settings."""
+    global _configured
+    if _configured is None:
+        _configured = from_environment()
+    return dict(_configured)
+
+
+def client_config(bootstrap_servers: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A confluent-kafka producer, consumer or admin configuration: the connection, then the client's
+    own ``settings`` (which win: they say what the client is for)."""
+    return {"bootstrap.servers": bootstrap_servers, **connection_properties(), "error_cb": _client_error,
+            **(settings or {})}
+
+
+def _client_error(error: Any) -> None:
+    """librdkafka's error callback: remembers a failed authentication, so a command can name it."""
+    global _authentication_failure
+    from confluent_kafka import KafkaError
+
+    if error.code() == KafkaError._AUTHENTICATION and _authentication_failure != error.str():
+        _authentication_failure = error.str()
+        logging.getLogger(__name__).debug("kafka authentication failed: %s", error.str())  # callers say it
+
+
+def authentication_failure(bootstrap_servers: str | None = None, timeout: float = 3.0) -> str | None:
+    """Why the broker refused this process's credentials, if it did. With ``bootstrap_servers``, and
+    SASL configured, a failure not seen yet is looked for with a short-lived client (librdkafka reports
+    it only to a polled client, while the call that failed just says "transport failure")."""
+    if _authentication_failure is None and bootstrap_servers and \
+            connection_properties().get("security.protocol", "").upper().startswith("SASL"):
+        from confluent_kafka import Producer
+
+        probe = Producer(client_config(bootstrap_servers, {"logger": logging.getLogger(__name__ + ".probe"),
+                                                           "log_level": 0}))
+        deadline = time.monotonic() + timeout
+        while _authentication_failure is None and time.monotonic() < deadline:
+            probe.poll(0.1)
+    return _authentication_failure
+
+
+def explain(exc: BaseException, bootstrap_servers: str | None = None) -> str:
+    """A Kafka failure in one line, naming refused credentials first (the cause, not its symptom)."""
+    failure = authentication_failure(bootstrap_servers)
+    if failure is not None:
+        return f"Kafka authentication failed ({failure}); check sasl.username and sasl.password"
+    return f"Kafka: {exc}"
+
+
+def redacted(properties: dict[str, Any]) -> dict[str, Any]:
+    """The properties fit for a log line or ``/statistics``: secrets replaced by ``***``."""
+    return {key: "***" if any(word in key.lower() for word in SECRET_WORDS) else value
+            for key, value in properties.items()}
+
+
+def faust_credentials(properties: dict[str, str] | None = None) -> Any:
+    """aiokafka credentials for the Faust worker (None for PLAINTEXT)."""
+    import faust
+
+    properties = connection_properties() if properties is None else properties
+    protocol = properties.get("security.protocol", "PLAINTEXT").upper()
+    context = None
+    if protocol.endswith("SSL"):
+        context = ssl.create_default_context(cafile=properties.get("ssl.ca.location"))
+        if properties.get("ssl.certificate.location"):
+            context.load_cert_chain(properties["ssl.certificate.location"], properties.get("ssl.key.location"),
+                                    properties.get("ssl.key.password"))
+        if properties.get("ssl.endpoint.identification.algorithm", "https").lower() == "none":
+            context.check_hostname = False
+    if not protocol.startswith("SASL"):
+        return faust.SSLCredentials(context) if context is not None else None
+    mechanism = properties.get("sasl.mechanism", properties.get("sasl.mechanisms", "GSSAPI")).upper()
+    if mechanism not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+        raise KafkaConfigError(f"sasl.mechanism: the worker (aiokafka) supports PLAIN and SCRAM here, not {mechanism}")
+    return faust.SASLCredentials(username=properties["sasl.username"], password=properties["sasl.password"],
+                                 mechanism=mechanism, ssl_context=context)
+
+
+def _property(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (a librdkafka property), got {text.split('=')[0]!r}")
+    return key.strip(), value
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser,
+                             bootstrap_help: str = "Kafka bootstrap servers (HOST:PORT[,HOST:PORT])") -> None:
+    """``--bootstrap-servers``, ``--kafka-config`` and ``--kafka-property``: every command's way to the cluster."""
+    parser.add_argument("--bootstrap-servers", help=bootstrap_help)
+    parser.add_argument("--kafka-config", metavar="FILE",
+                        help=f"client properties file (security, TLS, SASL; librdkafka names); also ${CONFIG_FILE_VAR}")
+    parser.add_argument("--kafka-property", type=_property, action="append", metavar="KEY=VALUE",
+                        help=f"one client property, e.g. security.protocol=SASL_SSL (repeatable); also "
+                             f"${ENV_PREFIX}<KEY> with _ for .")
+
+
+def apply_connection_arguments(args: argparse.Namespace) -> None:
+    """Put the flags in the environment (the services a command starts inherit them) and check the result;
+    ``KafkaConfigError`` names what is wrong before anything connects."""
+    if getattr(args, "kafka_config", None):
+        os.environ[CONFIG_FILE_VAR] = args.kafka_config
+    for key, value in getattr(args, "kafka_property", None) or []:
+        os.environ[ENV_PREFIX + key.upper().replace(".", "_")] = value
+    configure(None)
+    connection_properties()

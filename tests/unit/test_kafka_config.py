@@ -1,0 +1,73 @@
+"""One Kafka connection for every client: properties file, environment, flags; checked before connecting."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from infra.kafka_config import (KafkaConfigError, client_config, configure, faust_credentials, from_environment,
+                                read_properties_file, redacted)
+from pipelines import cli
+
+SCRAM = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "trainer",
+         "sasl.password": "s3cret"}
+
+
+@pytest.fixture(autouse=True)
+def fresh_connection():
+    yield
+    configure(None)
+
+
+def test_a_properties_file_is_overridden_by_the_environment(tmp_path):
+    path = tmp_path / "client.properties"
+    path.write_text("# a comment\nsecurity.protocol=SASL_SSL\nsasl.mechanism: PLAIN\nsasl.username=a\n"
+                    "sasl.password=from-file\n! also a comment\nclient.id = trainer-7\n")
+    assert read_properties_file(path)["client.id"] == "trainer-7"
+    properties = from_environment({"TRAJBUS_KAFKA_CONFIG": str(path), "TRAJBUS_KAFKA_SASL_PASSWORD": "from-env",
+                                   "TRAJBUS_BOOTSTRAP_SERVERS": "ignored:9092", "HOME": "/root"})
+    assert properties == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "a",
+                          "sasl.password": "from-env", "client.id": "trainer-7"}
+
+
+def test_every_client_gets_the_connection_and_keeps_its_own_settings():
+    configure(SCRAM)
+    config = client_config("broker:9093", {"group.id": "g", "client.id": "mine"})
+    assert callable(config.pop("error_cb"))  # remembers a refused authentication
+    assert config == {"bootstrap.servers": "broker:9093", **SCRAM, "group.id": "g", "client.id": "mine"}
+    credentials = faust_credentials()
+    assert (credentials.username, credentials.password, credentials.mechanism.value) == ("trainer", "s3cret",
+                                                                                        "SCRAM-SHA-256")
+    assert "s3cret" not in repr(credentials)
+
+
+@pytest.mark.parametrize("properties, says", [
+    ({"security.protocol": "SASL_TLS"}, "security.protocol: unknown protocol 'SASL_TLS'"),
+    ({**SCRAM, "sasl.mechanism": "SCRAM-SHA-1"}, "sasl.mechanism: unknown mechanism 'SCRAM-SHA-1'"),
+    ({**SCRAM, "sasl.password": ""}, "sasl.password: missing"),
+    ({"sasl.mechanism": "PLAIN"}, "sasl.mechanism: given, but security.protocol is PLAINTEXT"),
+    ({"security.protocol": "SSL", "ssl.ca.location": "/nowhere/ca.pem"}, "ssl.ca.location: no such file"),
+])
+def test_bad_connection_settings_are_named(properties, says):
+    with pytest.raises(KafkaConfigError, match=says.replace("(", r"\(")):
+        configure(properties)
+
+
+def test_secrets_are_never_shown():
+    shown = redacted({**SCRAM, "ssl.key.password": "k", "sasl.oauthbearer.client.secret": "c"})
+    assert shown["sasl.username"] == "trainer" and "s3cret" not in str(shown) and set(shown.values()) >= {"***"}
+    assert shown["ssl.key.password"] == shown["sasl.oauthbearer.client.secret"] == "***"
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--kafka-property", "security.protocol=BOGUS"], "security.protocol: unknown protocol 'BOGUS'"),
+    (["--kafka-property", "security.protocol=SASL_SSL", "--kafka-property", "sasl.mechanism=PLAIN"],
+     "sasl.username: missing"),
+    (["--kafka-config", "/nowhere/client.properties"], "kafka config: cannot read /nowhere/client.properties"),
+])
+def test_the_cli_says_what_is_wrong_in_one_line_and_exits_2(flags, says, monkeypatch, capsys):
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the flags go to the environment: keep it to this test
+    assert cli.main(["topics", "--bootstrap-servers", "127.0.0.1:1", *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
