@@ -13,11 +13,11 @@ import logging
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from infra.bootstrap import resolve_bootstrap_servers
 from infra.topics import watermarks
-from infra.kafka_config import client_config
+from infra.kafka_config import KafkaUnreachable, client_config
 from consumers import metrics
 from consumers.backends import TrainingBackend, check_group
 from streams import codec
@@ -38,6 +38,7 @@ class BatchConsumer:
         prefix: str = DEFAULT_PREFIX,
         group_id: str | None = None,
         backend: TrainingBackend | None = None,
+        outage_limit: float | None = 120.0,
         **config: Any,
     ) -> None:
         self.channel = validate_channel(channel)
@@ -70,6 +71,9 @@ class BatchConsumer:
         """(group, partition, offset) fetched for a batch that timed out; they start the next batch."""
         self.trimmed = 0
         """Prefetched groups skipped because the queue bound had dropped them meanwhile."""
+        self.outage_limit = outage_limit
+        """Seconds the broker may be unreachable while fetching before ``KafkaUnreachable`` (None: forever)."""
+        self._last_contact = time.monotonic()
 
     def fetch_group(self, timeout: float | None = None) -> ReadyGroup | None:
         """The next ready group, or ``None`` if none arrives within ``timeout`` seconds
@@ -89,7 +93,9 @@ class BatchConsumer:
                 return None
             message = self._consumer.poll(min(remaining, 1.0))
             if message is None:
+                self._check_contact()
                 continue
+            self._last_contact = time.monotonic()
             if message.error():
                 if message.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error on %s: %s", self.topic, message.error().str())
@@ -102,6 +108,20 @@ class BatchConsumer:
                 return group, message.partition(), message.offset()
             if not self._held:  # a skipped record moves the position only if no group waits before it
                 self._positions[message.partition()] = message.offset() + 1
+
+    def _check_contact(self, every: float = 5.0) -> None:
+        """While nothing arrives, ask the broker every few seconds whether it is there: the trainer rides
+        through an outage (librdkafka reconnects) and gets ``KafkaUnreachable`` past ``outage_limit``."""
+        quiet = time.monotonic() - self._last_contact
+        if self.outage_limit is None or quiet < every:
+            return
+        try:
+            self._consumer.list_topics(self.topic, timeout=every)
+            self._last_contact = time.monotonic()
+        except KafkaException as exc:
+            if quiet > self.outage_limit:
+                raise KafkaUnreachable(f"Kafka at {self.bootstrap_servers} unreachable for {quiet:.0f}s "
+                                       f"(outage_limit {self.outage_limit:g}): {exc}") from None
 
     def fetch_dataproto(self, n_groups: int, timeout: float | None = None,
                         current_version: int | None = None) -> Any | None:
@@ -175,9 +195,14 @@ class BatchConsumer:
                 self._consumer.seek(TopicPartition(self.topic, tp.partition, self._restore[tp.partition]))
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Resume where this consumer stands, not where the group last committed: a partition handed
+        back after a rebalance (e.g. the session expired while the broker restarted) must not deliver
+        again what the trainer already got. Groups held for an unfinished batch are read again."""
+        assigned = {tp.partition for tp in partitions}
+        self._held = [held for held in self._held if held[1] not in assigned]
         for tp in partitions:
-            if tp.partition in self._restore:
-                tp.offset = self._restore[tp.partition]
+            if tp.partition in self._positions:  # after load_state_dict too: it sets the positions
+                tp.offset = self._positions[tp.partition]
         consumer.assign(partitions)
 
     def _trimmed(self, message: Message) -> bool:

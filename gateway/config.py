@@ -46,6 +46,8 @@ class GatewaySettings:
     health_interval: float = 2.0
     backend_timeout: float = 600.0
     publish_timeout: float = 30.0
+    broker_outage_limit: float = 120.0
+    """Seconds Kafka may be unreachable (calls answered 503 meanwhile) before the gateway exits non-zero."""
     """Seconds the broker has to acknowledge a call's steps (and to provision a new channel) before a 503."""
     served_model_name: str = "trajbus"
     multi_turn: str = CUMULATIVE
@@ -122,6 +124,9 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--publish-timeout", type=positive_float, default=30.0,
                         help="seconds the broker has to acknowledge a call's steps before the call is "
                              "answered 503 (default: %(default)s)")
+    parser.add_argument("--broker-outage-limit", type=positive_float, default=120.0,
+                        help="seconds Kafka may be unreachable (calls are answered 503 meanwhile) before the "
+                             "gateway exits non-zero for a supervisor (default: %(default)s)")
     parser.add_argument("--served-model-name", default="trajbus", help="model name in responses")
     parser.add_argument("--multi-turn", choices=MULTI_TURN_MODES, default=CUMULATIVE,
                         help="black-box prompts: 'cumulative' continues the sampled tokens of the conversation "

@@ -24,9 +24,14 @@ def serve(settings: GatewaySettings) -> int:
     except ValueError as exc:  # e.g. an unimportable --reward-function
         print(f"trajbus gateway: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=10)
-    return ray_exit.exit_process(0)  # a reward worker on Ray: end without Ray's crash at exit
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                           access_log=False, timeout_graceful_shutdown=10))
+    app.state.service.stop_serving = lambda: setattr(server, "should_exit", True)  # graceful, as on SIGTERM
+    server.run()
+    fatal = app.state.service.fatal
+    if fatal:
+        print(f"trajbus gateway: {fatal}", file=sys.stderr)
+    return ray_exit.exit_process(1 if fatal else 0)  # a reward worker on Ray: end without Ray's crash at exit
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,13 +12,15 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import secrets
+import signal
 import sqlite3
 import threading
 import time
 import uuid
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from gateway.admission import Admission
 from gateway.backends import BackendPool
@@ -31,6 +33,7 @@ from gateway.tokenizer import ChatTokenizer
 from gateway.trajectories import ABANDONED, COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
 from infra.bootstrap import resolve_bootstrap_servers
 from infra.kafka_config import authentication_failure, explain
+from infra.outage import OutageWatch
 from streams.policy import PolicyWatcher
 from streams.producer import DeliveryError, StepProducer, TopicsUnavailable
 from streams.records import Step, validate_metadata
@@ -67,6 +70,11 @@ class GatewayService:
         self.backlog: BacklogMonitor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.Task | None = None
+        self.outage: OutageWatch | None = None
+        self.stop_serving: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM)
+        """Ends the HTTP server gracefully (``gateway.server`` sets it to uvicorn's own exit flag)."""
+        self.fatal: str | None = None
+        """Why the gateway ended itself (Kafka unreachable past the limit): it then exits non-zero."""
         self.kafka_error: str | None = "connecting to Kafka"
         self.started_at = time.time()
         self._stop = threading.Event()
@@ -97,6 +105,8 @@ class GatewayService:
                     self._watch_backlog(servers)
                 self.producer, self.kafka_error, self.bootstrap_servers = producer, None, servers
                 log.info("kafka producer ready bootstrap=%s prefix=%s", servers, self.settings.prefix)
+                self.outage = OutageWatch(servers, self.settings.broker_outage_limit, self._give_up,
+                                          what="gateway (calls are answered 503)").start()
                 return
             except Exception as exc:  # reported by /ready; retried
                 if producer is not None:
@@ -105,6 +115,12 @@ class GatewayService:
                 self.kafka_error = explain(exc) if refused else f"Kafka not reachable: {exc}"
                 log.warning("kafka connect failed, retrying: %s", self.kafka_error)
                 self._stop.wait(2.0)
+
+    def _give_up(self, reason: str) -> None:
+        """Kafka stayed away past ``--broker-outage-limit``: stop serving (graceful), exit non-zero."""
+        self.fatal = reason
+        log.error("%s", reason)
+        self.stop_serving()  # graceful shutdown; serve() then exits 1 with the reason
 
     def _watch_backlog(self, servers: str) -> None:
         self.backlog = BacklogMonitor(servers, self.settings.prefix, BacklogMonitor.new_gateway_id(self.settings.port),
@@ -150,6 +166,8 @@ class GatewayService:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+        if self.outage is not None:
+            self.outage.stop()
         if self.backlog is not None:
             await asyncio.to_thread(self.backlog.close)
         await self.backends.close()
@@ -167,6 +185,8 @@ class GatewayService:
             missing.append(self.tokenizer.error or "tokenizer is loading")
         if self.producer is None:
             missing.append(self.kafka_error or "Kafka producer not ready")
+        elif self.outage is not None and self.outage.down_since is not None:
+            missing.append(f"Kafka unreachable for {time.time() - self.outage.down_since:.0f}s")
         if not self.backends.ready:
             missing.append("no inference backend passes its health check")
         return missing

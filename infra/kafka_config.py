@@ -39,6 +39,10 @@ _configured: dict[str, str] | None = None
 _authentication_failure: str | None = None
 
 
+class KafkaUnreachable(RuntimeError):
+    """Kafka did not answer for longer than a component's outage limit: it exits for a supervisor."""
+
+
 class KafkaConfigError(ValueError):
     """The connection settings are malformed or incomplete (named in the message, secrets left out)."""
 

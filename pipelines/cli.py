@@ -14,11 +14,11 @@ from typing import Callable
 
 from confluent_kafka import KafkaException
 
-from infra.arguments import positive_int
+from infra.arguments import positive_float, positive_int
 from infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
 from infra.kafka_broker import BrokerError, EmbeddedKafka
-from infra.kafka_config import (KafkaConfigError, add_connection_arguments, apply_connection_arguments,
-                                authentication_failure, explain)
+from infra.kafka_config import (KafkaConfigError, KafkaUnreachable, add_connection_arguments,
+                                apply_connection_arguments, authentication_failure, explain)
 from infra.logs import configure_logging
 from infra.topics import consumer_groups_lag, describe_topics, ensure_topics
 from streams.topics import DEFAULT_CHANNELS, DEFAULT_PREFIX, TopicSettings, channel_setting, validate_channel
@@ -152,7 +152,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                   metrics_host=args.metrics_host)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    run_worker(settings, args.bootstrap_servers, loglevel=args.faust_loglevel)
+    run_worker(settings, args.bootstrap_servers, loglevel=args.faust_loglevel, outage_limit=args.broker_outage_limit)
     return 0
 
 
@@ -336,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--metrics-host", default="127.0.0.1", help="interface of the metrics server "
                                                                     "(default: %(default)s; 0.0.0.0 in a container)")
     worker.add_argument("--faust-loglevel", default="WARNING")
+    worker.add_argument("--broker-outage-limit", type=positive_float, default=120.0,
+                        help="seconds the worker waits for an unreachable Kafka (then starts again where it "
+                             "was) before it exits non-zero for a supervisor (default: %(default)s)")
     worker.set_defaults(func=cmd_worker)
 
     stats = sub.add_parser("stats", help="statistics of the stream workers, per channel")
@@ -400,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, KafkaConfigError) as exc:
         print(f"trajbus {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (BrokerNotFound, BrokerError) as exc:
+    except (BrokerNotFound, BrokerError, KafkaUnreachable) as exc:
         print(f"trajbus {args.command}: {exc}", file=sys.stderr)
         return 1
     except KafkaException as exc:  # credentials the broker refused are bad input: exit 2

@@ -1,35 +1,102 @@
-"""Running the stream processor as a process (``trajbus worker``)."""
+"""Running the stream processor as a process (``trajbus worker``), through broker outages.
+
+A broker restart must not need a person to restart workers. When Kafka cannot be
+reached (at start, or when Faust stops on a lost connection), the worker waits for
+it and starts again in the same process (``exec``: same pid, state recovered from
+the changelog as after any restart); only an outage longer than
+``--broker-outage-limit`` ends it, non-zero, with one line, so a supervisor restarts it.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import faust
+from confluent_kafka import KafkaException
 
 from infra.bootstrap import resolve_bootstrap_servers
+from infra.kafka_config import KafkaUnreachable
 from infra.logs import FORMAT
+from infra.outage import OutageWatch
 from infra.topics import ensure_topics
 from streams.app import build_app
 from streams.settings import WorkerSettings
 
+log = logging.getLogger("trajbus.worker")
+
+OUTAGE_SINCE = "TRAJBUS_WORKER_OUTAGE_SINCE"
+"""Set across the restart: when the worker lost Kafka, so the limit counts the whole outage."""
+
 
 def _logging_config(faust_level: str) -> dict:
-    """trajbus's structured lines at INFO; Faust and its clients at ``faust_level``."""
+    """trajbus's structured lines at INFO; Faust and its clients at ``faust_level``; a client's
+    repeated reconnect lines once a minute."""
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"line": {"format": FORMAT}},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line"}},
+        "filters": {"repeats": {"()": "infra.logs.RepeatFilter"}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line", "filters": ["repeats"]}},
         "root": {"level": "INFO", "handlers": ["stderr"]},
         "loggers": {name: {"level": faust_level} for name in ("faust", "mode", "aiokafka", "kafka")},
     }
 
 
-def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None, loglevel: str = "WARNING") -> None:
-    """Provision the topics, then process until SIGINT/SIGTERM (graceful shutdown)."""
+def _provision(servers: str, settings: WorkerSettings, outage_limit: float) -> None:
+    """Create the topics, waiting for Kafka while the outage (begun before a restart, or now) is in bounds."""
+    since = float(os.environ.pop(OUTAGE_SINCE, "0") or 0) or None
+    while True:
+        try:
+            ensure_topics(servers, settings.topics.specs(settings.channels), timeout=10.0)
+            if since is not None:
+                log.info("kafka reachable again after %.0fs outage; worker starting", time.time() - since)
+            return
+        except (KafkaException, RuntimeError) as exc:
+            since = since or time.time()
+            if time.time() - since > outage_limit:
+                raise KafkaUnreachable(f"Kafka at {servers} unreachable for {time.time() - since:.0f}s "
+                                       f"(--broker-outage-limit {outage_limit:g}): {exc}") from None
+            log.warning("waiting for kafka at %s (outage %.0fs of %gs)", servers, time.time() - since, outage_limit)
+
+
+_gave_up: list[str] = []
+
+
+def _give_up(reason: str) -> None:
+    """Kafka stayed away past the limit: stop (gracefully if Faust can, within 30 s), then exit non-zero."""
+    _gave_up.append(reason)
+    log.error("%s", reason)
+    os.kill(os.getpid(), signal.SIGTERM)
+    deadline = threading.Timer(30.0, lambda: (print(f"trajbus worker: {reason}", file=sys.stderr, flush=True),
+                                              os._exit(1)))
+    deadline.daemon = True
+    deadline.start()
+
+
+def _lost_kafka(exc: BaseException | None) -> bool:
+    """Whether a crash comes from a lost Kafka connection (its cause chain holds a client error)."""
+    from aiokafka.errors import KafkaError
+
+    while exc is not None:
+        if isinstance(exc, (KafkaError, KafkaException, ConnectionError)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None, loglevel: str = "WARNING",
+               outage_limit: float = 120.0) -> None:
+    """Provision the topics, then process until SIGINT/SIGTERM (graceful shutdown); through outages of
+    Kafka up to ``outage_limit`` seconds (``KafkaUnreachable`` past it)."""
     servers = resolve_bootstrap_servers(bootstrap_servers)
-    ensure_topics(servers, settings.topics.specs(settings.channels))
+    _provision(servers, settings, outage_limit)
     with tempfile.TemporaryDirectory(prefix=f"trajbus-{settings.app_id}-") as datadir:
         app, assembler = build_app(servers, settings, Path(datadir))
         # Faust applies its loglevel to the handler, so the handler takes INFO and the
@@ -37,7 +104,19 @@ def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None, l
         worker = faust.Worker(app, loglevel="INFO", quiet=True, redirect_stdouts=False,
                               logging_config=_logging_config(loglevel))
         assembler.start()
+        outage = OutageWatch(servers, outage_limit, _give_up, what="worker").start()
         try:
             worker.execute_from_commandline()
+        except SystemExit:
+            if _gave_up:
+                raise KafkaUnreachable(_gave_up[0]) from None
+            crash = worker.crash_reason or app.crash_reason
+            if not _lost_kafka(crash):
+                raise
+            log.warning("worker lost kafka (%r); starting again once it answers", crash)
         finally:
+            outage.stop()
             assembler.stop()
+    os.environ[OUTAGE_SINCE] = str(time.time())
+    logging.shutdown()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])

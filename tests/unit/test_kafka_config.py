@@ -71,3 +71,18 @@ def test_the_cli_says_what_is_wrong_in_one_line_and_exits_2(flags, says, monkeyp
     assert cli.main(["topics", "--bootstrap-servers", "127.0.0.1:1", *flags]) == 2
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_crash_from_a_lost_connection_is_told_from_any_other():
+    from aiokafka.errors import KafkaConnectionError
+
+    from streams.worker import _lost_kafka
+
+    try:
+        try:
+            raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 9092)]")
+        except KafkaConnectionError as exc:
+            raise RuntimeError("the fetcher crashed") from exc
+    except RuntimeError as crash:
+        assert _lost_kafka(crash)
+    assert not _lost_kafka(ValueError("a bug")) and not _lost_kafka(None)

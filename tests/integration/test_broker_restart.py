@@ -1,0 +1,125 @@
+"""A routine broker restart needs no person: worker, gateway and trainer ride through it.
+
+The broker (of this test's own) is SIGKILLed under load and started again on the
+same port about 20 s later. Every step the broker acknowledged reaches the trainer
+exactly once; the worker, the gateway and the trainer's consumer are the same
+processes and objects before and after.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from consumers import BatchConsumer
+from infra.kafka_broker import EmbeddedKafka
+from pipelines.processes import free_port, gateway_process, wait_http, worker_process
+from pipelines.synthetic import group_steps
+from streams.producer import DeliveryError, StepProducer
+from tests.helpers import wait_for
+
+OUTAGE_SECONDS = 20
+
+
+def submit_until_stopped(producer: StepProducer, acked: dict[str, int], stop: threading.Event) -> None:
+    """Load: one two-rollout group after another; a group counts once the broker acknowledged all of it."""
+    rng = random.Random(11)
+    number = 0
+    while not stop.is_set():
+        uid = f"load-{number:04d}"
+        steps = [s for trajectory in group_steps(uid, 2, 2, rng) for s in trajectory]
+        try:
+            producer.submit_steps(steps, channel="train")
+            acked[uid] = len(steps)
+        except DeliveryError:  # the broker is down: its fate is unknown, it may still land
+            pass
+        number += 1
+
+
+def test_worker_gateway_and_trainer_ride_through_a_broker_restart(prefix, scripted_engine, tiny_model_dir,
+                                                                tmp_path: Path):
+    broker = EmbeddedKafka(state_dir=tmp_path / "kafka")
+    servers = broker.start(fresh=True).bootstrap_servers
+    engine, _ = scripted_engine(["Four."])
+    port = free_port()
+    worker = worker_process(servers, prefix, tmp_path / "worker.log", n_rollouts=2)
+    gateway = gateway_process(servers, prefix, [engine], tiny_model_dir, port, tmp_path / "state",
+                              tmp_path / "gateway.log", ["--publish-timeout", "5"])
+    acked: dict[str, int] = {}
+    stop = threading.Event()
+    try:
+        with StepProducer(servers, prefix=prefix, timeout=5) as producer, \
+                BatchConsumer("train", servers, prefix=prefix) as trainer:
+            producer.provision("train")
+            worker.start()
+            gateway.start()
+            wait_http(f"http://127.0.0.1:{port}/ready", 120, gateway)
+            load = threading.Thread(target=submit_until_stopped, args=(producer, acked, stop))
+            load.start()
+            received: list[str] = []
+
+            def receive(done) -> bool:
+                group = trainer.fetch_group(1.0)
+                if group is not None:
+                    received.append(group.prompt_uid)
+                return done()
+
+            wait_for(lambda: receive(lambda: len(received) >= 5), 120, "groups before the outage")
+
+            os.kill(broker.read_state().pid, signal.SIGKILL)
+            time.sleep(OUTAGE_SECONDS)  # the outage itself, not a wait for a condition
+            broker.start()
+            wait_for(lambda: len(acked) > len(received) + 10, 120, "acknowledged load after the restart")
+            stop.set()
+            load.join(60)
+
+            t = httpx.post(f"http://127.0.0.1:{port}/init_trajectory", json={"prompt_uid": "after", "n_rollouts": 1},
+                           timeout=30).json()
+            reply = httpx.post(f"{t['base_url']}/chat/completions", timeout=60,
+                               json={"model": "tiny", "messages": [{"role": "user", "content": "2+2?"}]})
+            assert reply.status_code == 200, reply.text
+            assert httpx.post(f"{t['base_url']}/complete_trajectory", json={"reward": 1.0}).status_code == 200
+            acked["after"] = 1
+
+            wait_for(lambda: receive(lambda: set(acked) <= set(received)), 180, "every acknowledged group")
+        assert len(received) == len(set(received)), "a group arrived twice"
+        assert worker.alive() and gateway.alive(), "a component did not ride through the restart"
+    finally:
+        stop.set()
+        gateway.stop()
+        worker.stop()
+        broker.stop()
+
+
+def test_past_the_outage_limit_worker_and_gateway_exit_with_one_line(prefix, scripted_engine, tiny_model_dir,
+                                                                    tmp_path: Path):
+    broker = EmbeddedKafka(state_dir=tmp_path / "kafka")
+    servers = broker.start(fresh=True).bootstrap_servers
+    engine, _ = scripted_engine(["Four."])
+    port = free_port()
+    limit = ["--broker-outage-limit", "8"]
+    worker = worker_process(servers, prefix, tmp_path / "worker.log", n_rollouts=2, extra=limit)
+    gateway = gateway_process(servers, prefix, [engine], tiny_model_dir, port, tmp_path / "state",
+                              tmp_path / "gateway.log", limit)
+    try:
+        with StepProducer(servers, prefix=prefix) as producer:
+            producer.provision("train")
+        worker.start()
+        gateway.start()
+        wait_http(f"http://127.0.0.1:{port}/ready", 120, gateway)
+        broker.stop()  # for good
+        wait_for(lambda: not worker.alive() and not gateway.alive(), 120, "both to give up")
+        for process, name in ((worker, "worker"), (gateway, "gateway")):
+            assert process.process.returncode != 0
+            last = process.log_tail(1)
+            assert last.startswith(f"trajbus {name}: Kafka unreachable for") and "--broker-outage-limit 8" in last
+    finally:
+        gateway.stop()
+        worker.stop()
+        broker.stop()
