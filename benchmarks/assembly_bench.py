@@ -22,13 +22,13 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 
-from consumers import BatchConsumer
-from infra.kafka_broker import EmbeddedKafka
-from infra.topics import TopicSpec, ensure_topics
-from pipelines.processes import worker_process
-from streams import codec
-from streams.producer import StepProducer
-from pipelines.synthetic import make_groups
+from trajbus.consumers import BatchConsumer
+from trajbus.infra.kafka_broker import EmbeddedKafka
+from trajbus.infra.topics import TopicSpec, ensure_topics
+from trajbus.pipelines.processes import worker_process
+from trajbus.streams import codec
+from trajbus.streams.producer import StepProducer
+from trajbus.pipelines.synthetic import make_groups
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

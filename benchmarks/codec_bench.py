@@ -13,8 +13,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from streams import codec
-from streams.records import Step
+from trajbus.streams import codec
+from trajbus.streams.records import Step
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

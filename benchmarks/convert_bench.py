@@ -18,8 +18,8 @@ import torch
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
-from consumers.backends import VerlBackend
-from streams.records import Step
+from trajbus.consumers.backends import VerlBackend
+from trajbus.streams.records import Step
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT, RESPONSE, VOCAB = 2048, 512, 32000

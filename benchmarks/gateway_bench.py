@@ -31,10 +31,10 @@ from typing import Awaitable, Callable
 import httpx
 
 from benchmarks.assembly_bench import RESULTS, percentile
-from gateway.backends import KEEPALIVE_SECONDS, request_body
-from infra import tiny_model
-from infra.kafka_broker import EmbeddedKafka
-from pipelines.processes import ServiceProcess, free_port, gateway_process, scripted_engine_process, wait_http
+from trajbus.gateway.backends import KEEPALIVE_SECONDS, request_body
+from trajbus.infra import tiny_model
+from trajbus.infra.kafka_broker import EmbeddedKafka
+from trajbus.pipelines.processes import ServiceProcess, free_port, gateway_process, scripted_engine_process, wait_http
 
 TURNS = 10
 REPLY = ("Checked the file; the failing assertion compares the parsed header against the raw bytes, so "
@@ -58,8 +58,8 @@ def engine_prompts(model_dir: Path, turns: list[list[dict]]) -> list[list[int]]:
     """The prompt ids the gateway sends the engine at each turn (for the direct baseline)."""
     from transformers import AutoTokenizer
 
-    from gateway.conversation import PromptBuilder
-    from infra.scripted_engine import noncanonical_ids
+    from trajbus.gateway.conversation import PromptBuilder
+    from trajbus.infra.scripted_engine import noncanonical_ids
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     builder, reply = PromptBuilder(tokenizer), noncanonical_ids(tokenizer, REPLY) + [tokenizer.eos_token_id]

@@ -14,9 +14,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from infra.kafka_broker import EmbeddedKafka
-from pipelines.demo import DemoOutcome, run_demo
-from pipelines.demo_config import load_demo_config
+from trajbus.infra.kafka_broker import EmbeddedKafka
+from trajbus.pipelines.demo import DemoOutcome, run_demo
+from trajbus.pipelines.demo_config import load_demo_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -1,6 +1,6 @@
 """Trainer-side consumers: ready prompt groups as steps (and, later, DataProto batches)."""
 
-from consumers.batch_consumer import BatchConsumer, drain
-from consumers.off_policy import PolicyVersionPublisher
+from trajbus.consumers.batch_consumer import BatchConsumer, drain
+from trajbus.consumers.off_policy import PolicyVersionPublisher
 
 __all__ = ["BatchConsumer", "PolicyVersionPublisher", "drain"]

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from consumers.off_policy import staleness
-from streams.records import CONTINUES, SEGMENT_START, Step
+from trajbus.consumers.off_policy import staleness
+from trajbus.streams.records import CONTINUES, SEGMENT_START, Step
 
 if TYPE_CHECKING:  # verl is imported when a batch is built, not when trajbus is
     from verl import DataProto

@@ -15,15 +15,15 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from infra.bootstrap import resolve_bootstrap_servers
-from infra.topics import watermarks
-from infra.kafka_config import KafkaUnreachable, client_config
-from consumers import metrics
-from consumers.backends import TrainingBackend, check_group
-from streams import codec
-from streams.dlq import dlq_headers
-from streams.records import ReadyGroup, Step
-from streams.topics import DEFAULT_PREFIX, dlq_topic, groups_topic, trainer_group_id, validate_channel
+from trajbus.infra.bootstrap import resolve_bootstrap_servers
+from trajbus.infra.topics import watermarks
+from trajbus.infra.kafka_config import KafkaUnreachable, client_config
+from trajbus.consumers import metrics
+from trajbus.consumers.backends import TrainingBackend, check_group
+from trajbus.streams import codec
+from trajbus.streams.dlq import dlq_headers
+from trajbus.streams.records import ReadyGroup, Step
+from trajbus.streams.topics import DEFAULT_PREFIX, dlq_topic, groups_topic, trainer_group_id, validate_channel
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class BatchConsumer:
         they do not all arrive in time (those that did are kept for the next call).
         ``current_version`` (the trainer's policy) adds per-row staleness."""
         if self.backend is None:
-            raise ValueError("backend: fetch_dataproto needs a TrainingBackend, e.g. consumers.backends.VerlBackend")
+            raise ValueError("backend: fetch_dataproto needs a TrainingBackend, e.g. trajbus.consumers.backends.VerlBackend")
         deadline = None if timeout is None else time.monotonic() + timeout
         while len(self._held) < n_groups:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -12,9 +12,9 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from consumers.backends import VerlBackend, check_group
-from consumers.batch_consumer import BatchConsumer
-from streams.topics import DEFAULT_PREFIX, trainer_group_id
+from trajbus.consumers.backends import VerlBackend, check_group
+from trajbus.consumers.batch_consumer import BatchConsumer
+from trajbus.streams.topics import DEFAULT_PREFIX, trainer_group_id
 
 
 def rank_of(prompt_uid: str, world_size: int) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from streams.policy import PolicyVersionPublisher
+from trajbus.streams.policy import PolicyVersionPublisher
 
 if TYPE_CHECKING:
     import torch

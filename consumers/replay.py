@@ -26,13 +26,13 @@ from typing import Any, Iterator
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from infra.bootstrap import resolve_bootstrap_servers
-from infra.kafka_config import client_config
-from infra.topics import ensure_topics, read_partition, watermarks
-from streams import codec
-from streams.producer import StepProducer
-from streams.records import ReadyGroup, Step, TrajectoryEnd
-from streams.topics import DEFAULT_PREFIX, TopicSettings, groups_topic, steps_topic, validate_channel
+from trajbus.infra.bootstrap import resolve_bootstrap_servers
+from trajbus.infra.kafka_config import client_config
+from trajbus.infra.topics import ensure_topics, read_partition, watermarks
+from trajbus.streams import codec
+from trajbus.streams.producer import StepProducer
+from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.topics import DEFAULT_PREFIX, TopicSettings, groups_topic, steps_topic, validate_channel
 
 log = logging.getLogger(__name__)
 

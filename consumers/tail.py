@@ -17,10 +17,10 @@ from typing import Any, TextIO
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Message, TopicPartition
 
-from infra.kafka_config import client_config
-from streams import codec
-from streams.dlq import REASON
-from streams.records import ReadyGroup, Step, TrajectoryEnd
+from trajbus.infra.kafka_config import client_config
+from trajbus.streams import codec
+from trajbus.streams.dlq import REASON
+from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 import sys
 
-from gateway.server import main
+from trajbus.gateway.server import main
 
 sys.exit(main())

@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from gateway.errors import GatewayError
-from gateway.metrics import GatewayMetrics
+from trajbus.gateway.errors import GatewayError
+from trajbus.gateway.metrics import GatewayMetrics
 
 BACKLOG_FULL, POLICY_TOO_STALE, BACKLOG_UNKNOWN = "backlog_full", "policy_too_stale", "backlog_unknown"
 RETRY_SECONDS = 2

@@ -24,15 +24,15 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.backends import BackendError, NoBackendAvailable
-from gateway.chat import ChatCompletions, backend_failure, check_prompt_length
-from gateway.config import GatewaySettings
-from gateway.dashboard import PAGE, DashboardData
-from gateway.errors import GatewayError, bad_request, install_error_handlers
-from gateway.schemas import (ChatCompletionRequest, CompleteTrajectoryRequest, GenerateRequest,
+from trajbus.gateway.backends import BackendError, NoBackendAvailable
+from trajbus.gateway.chat import ChatCompletions, backend_failure, check_prompt_length
+from trajbus.gateway.config import GatewaySettings
+from trajbus.gateway.dashboard import PAGE, DashboardData
+from trajbus.gateway.errors import GatewayError, bad_request, install_error_handlers
+from trajbus.gateway.schemas import (ChatCompletionRequest, CompleteTrajectoryRequest, GenerateRequest,
                              InitTrajectoryRequest, RegisterTrajectoryRequest, SubmitStepsRequest)
-from gateway.service import GatewayService
-from streams.records import Step
+from trajbus.gateway.service import GatewayService
+from trajbus.streams.records import Step
 
 log = logging.getLogger("trajbus.gateway")
 

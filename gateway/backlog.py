@@ -29,8 +29,8 @@ from typing import Callable
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from infra.kafka_config import client_config
-from streams.topics import groups_topic, stats_topic, trainer_group_id
+from trajbus.infra.kafka_config import client_config
+from trajbus.streams.topics import groups_topic, stats_topic, trainer_group_id
 
 log = logging.getLogger("trajbus.gateway")
 

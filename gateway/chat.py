@@ -26,14 +26,14 @@ from typing import Any, AsyncIterator
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from gateway import tool_calls
-from gateway.backends import BackendError, Completion, NoBackendAvailable
-from gateway.conversation import Prompt
-from gateway.errors import RETRY_SECONDS, GatewayError, bad_request, conflict, unavailable
-from gateway.schemas import ChatCompletionRequest
-from gateway.service import GatewayService
-from gateway.trajectories import Trajectory
-from streams.records import CONTINUES, SEGMENT_START, Step
+from trajbus.gateway import tool_calls
+from trajbus.gateway.backends import BackendError, Completion, NoBackendAvailable
+from trajbus.gateway.conversation import Prompt
+from trajbus.gateway.errors import RETRY_SECONDS, GatewayError, bad_request, conflict, unavailable
+from trajbus.gateway.schemas import ChatCompletionRequest
+from trajbus.gateway.service import GatewayService
+from trajbus.gateway.trajectories import Trajectory
+from trajbus.streams.records import CONTINUES, SEGMENT_START, Step
 
 log = logging.getLogger("trajbus.gateway")
 

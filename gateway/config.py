@@ -13,13 +13,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway.admission import SETTINGS as ADMISSION_SETTINGS
-from gateway.admission import AdmissionRules
-from gateway.conversation import CUMULATIVE, MULTI_TURN_MODES
-from infra.arguments import positive_float, positive_int
-from infra.kafka_config import add_connection_arguments
-from infra.paths import trajbus_cache_dir
-from streams.topics import DEFAULT_PREFIX, channel_setting, validate_channel
+from trajbus.gateway.admission import SETTINGS as ADMISSION_SETTINGS
+from trajbus.gateway.admission import AdmissionRules
+from trajbus.gateway.conversation import CUMULATIVE, MULTI_TURN_MODES
+from trajbus.infra.arguments import positive_float, positive_int
+from trajbus.infra.kafka_config import add_connection_arguments
+from trajbus.infra.paths import trajbus_cache_dir
+from trajbus.streams.topics import DEFAULT_PREFIX, channel_setting, validate_channel
 
 DEFAULT_PORT = 8100
 

@@ -14,7 +14,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from streams.stats import read_snapshots, summarize
+from trajbus.streams.stats import read_snapshots, summarize
 
 PAGE = Path(__file__).parent / "static" / "dashboard.html"
 

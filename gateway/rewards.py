@@ -17,8 +17,8 @@ import logging
 import math
 from typing import Any, Callable
 
-from infra import ray_exit
-from streams.settings import import_dotted
+from trajbus.infra import ray_exit
+from trajbus.streams.settings import import_dotted
 
 log = logging.getLogger("trajbus.gateway")
 

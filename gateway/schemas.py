@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gateway.errors import bad_request
+from trajbus.gateway.errors import bad_request
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 

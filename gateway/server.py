@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gateway.config import GatewaySettings, add_gateway_arguments, settings_from_args
-from infra import ray_exit
-from infra.kafka_config import KafkaConfigError, apply_connection_arguments
-from infra.logs import configure_logging
+from trajbus.gateway.config import GatewaySettings, add_gateway_arguments, settings_from_args
+from trajbus.infra import ray_exit
+from trajbus.infra.kafka_config import KafkaConfigError, apply_connection_arguments
+from trajbus.infra.logs import configure_logging
 
 EXIT_USAGE = 2
 
@@ -17,7 +17,7 @@ def serve(settings: GatewaySettings) -> int:
     """Validate what can be validated before listening (exit 2), then serve until SIGTERM/SIGINT."""
     import uvicorn
 
-    from gateway.app import create_app
+    from trajbus.gateway.app import create_app
 
     try:
         app = create_app(settings)
@@ -35,7 +35,7 @@ def serve(settings: GatewaySettings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway", description="The trajbus gateway.")
+    parser = argparse.ArgumentParser(prog="python -m trajbus.gateway", description="The trajbus gateway.")
     add_gateway_arguments(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)

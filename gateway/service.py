@@ -22,22 +22,22 @@ import uuid
 import weakref
 from typing import Any, Callable
 
-from gateway.admission import Admission
-from gateway.backends import BackendPool
-from gateway.backlog import BacklogMonitor
-from gateway.config import GatewaySettings
-from gateway.errors import GatewayError, bad_request, conflict, from_value_error, not_found, unavailable
-from gateway.metrics import GatewayMetrics
-from gateway.rewards import RewardScorer, RewardUnavailable
-from gateway.tokenizer import ChatTokenizer
-from gateway.trajectories import ABANDONED, COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
-from infra.bootstrap import resolve_bootstrap_servers
-from infra.kafka_config import authentication_failure, explain
-from infra.outage import OutageWatch
-from streams.policy import PolicyWatcher
-from streams.producer import DeliveryError, StepProducer, TopicsUnavailable
-from streams.records import Step, validate_metadata
-from streams.topics import validate_channel
+from trajbus.gateway.admission import Admission
+from trajbus.gateway.backends import BackendPool
+from trajbus.gateway.backlog import BacklogMonitor
+from trajbus.gateway.config import GatewaySettings
+from trajbus.gateway.errors import GatewayError, bad_request, conflict, from_value_error, not_found, unavailable
+from trajbus.gateway.metrics import GatewayMetrics
+from trajbus.gateway.rewards import RewardScorer, RewardUnavailable
+from trajbus.gateway.tokenizer import ChatTokenizer
+from trajbus.gateway.trajectories import ABANDONED, COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
+from trajbus.infra.bootstrap import resolve_bootstrap_servers
+from trajbus.infra.kafka_config import authentication_failure, explain
+from trajbus.infra.outage import OutageWatch
+from trajbus.streams.policy import PolicyWatcher
+from trajbus.streams.producer import DeliveryError, StepProducer, TopicsUnavailable
+from trajbus.streams.records import Step, validate_metadata
+from trajbus.streams.topics import validate_channel
 
 log = logging.getLogger("trajbus.gateway")
 

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 
-from gateway.conversation import CUMULATIVE, PromptBuilder
+from trajbus.gateway.conversation import CUMULATIVE, PromptBuilder
 
 log = logging.getLogger("trajbus.gateway")
 

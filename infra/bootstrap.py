@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from infra.kafka_broker import EmbeddedKafka
+from trajbus.infra.kafka_broker import EmbeddedKafka
 
 ENV_VAR = "TRAJBUS_BOOTSTRAP_SERVERS"
 

@@ -13,7 +13,7 @@ tokens and stop strings. ``POST /v1/chat/completions`` serves plain chat (the
 baseline for gateway benchmarks). Requests run one at a time on a generation
 thread; seeded requests are reproducible.
 
-Run: ``python -m infra.inference_server --port 8000`` (builds the tiny model on
+Run: ``python -m trajbus.infra.inference_server --port 8000`` (builds the tiny model on
 first use) or ``--model-dir`` for any Hugging Face causal LM directory.
 """
 
@@ -354,7 +354,7 @@ def _sse(payload: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    parser = argparse.ArgumentParser(prog="python -m infra.inference_server", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trajbus.infra.inference_server", description=__doc__.split("\n")[0])
     parser.add_argument("--model-dir", help="a Hugging Face causal LM directory (default: the tiny chat model)")
     parser.add_argument("--served-model-name", default="trajbus-tiny-chat")
     parser.add_argument("--host", default="127.0.0.1")
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    from infra import tiny_model
+    from trajbus.infra import tiny_model
 
     model_dir = Path(args.model_dir) if args.model_dir else tiny_model.build()
     engine = Engine(model_dir, args.device)

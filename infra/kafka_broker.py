@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
-from infra.paths import default_state_dir, trajbus_cache_dir
+from trajbus.infra.paths import default_state_dir, trajbus_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class EmbeddedKafka:
             path.write_text(f"security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=trajbus\n"
                             f"sasl.password={password}\n")
             path.chmod(0o600)
-        from infra.kafka_config import read_properties_file
+        from trajbus.infra.kafka_config import read_properties_file
 
         return read_properties_file(path)
 
@@ -197,7 +197,7 @@ class EmbeddedKafka:
                 )
         self.libs_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix="libs-", dir=self.libs_dir.parent))
-        pom = resources.files("infra").joinpath("kafka/pom.xml").read_text()
+        pom = resources.files("trajbus.infra").joinpath("kafka/pom.xml").read_text()
         (staging / "pom.xml").write_text(pom.replace("${kafka.version}", self.version))
         log.info("fetching Apache Kafka %s from Maven Central into %s", self.version, self.libs_dir)
         cmd = [
@@ -272,7 +272,7 @@ class EmbeddedKafka:
             })
         config = self.state_dir / "server.properties"
         config.write_text("".join(f"{key}={value}\n" for key, value in props.items()))
-        log4j = resources.files("infra").joinpath("kafka/log4j.properties").read_text()
+        log4j = resources.files("trajbus.infra").joinpath("kafka/log4j.properties").read_text()
         (self.state_dir / "log4j.properties").write_text(log4j)
         return config
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 from confluent_kafka import KafkaException, Producer
 
-from infra.kafka_config import client_config
+from trajbus.infra.kafka_config import client_config
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ A reply may also be ``{"text": ..., "delay": seconds}`` (a slow call) or
 ``{"fail": message, "delay": seconds}`` (a call the engine fails with HTTP 500),
 so tests can script an engine's faults.
 
-Run: ``python -m infra.scripted_engine --tokenizer-path DIR --replies replies.json --port 8000``.
+Run: ``python -m trajbus.infra.scripted_engine --tokenizer-path DIR --replies replies.json --port 8000``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from infra.inference_server import RequestError, Sample, SamplingParams, create_app
+from trajbus.infra.inference_server import RequestError, Sample, SamplingParams, create_app
 
 log = logging.getLogger("trajbus.scripted_engine")
 
@@ -118,7 +118,7 @@ class ScriptedEngine:
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    parser = argparse.ArgumentParser(prog="python -m infra.scripted_engine", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trajbus.infra.scripted_engine", description=__doc__.split("\n")[0])
     parser.add_argument("--tokenizer-path", type=Path, required=True)
     parser.add_argument("--replies", type=Path, required=True,
                         help="JSON list of replies served in turn: texts, or objects with text|fail and delay")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.kafka_broker import HOST, BrokerError, EmbeddedKafka
+from trajbus.infra.kafka_broker import HOST, BrokerError, EmbeddedKafka
 
 TANSU_VERSION = "tansu-0.6.0"
 

@@ -26,7 +26,7 @@ from confluent_kafka.admin import (
 )
 from confluent_kafka.error import KafkaError
 
-from infra.kafka_config import client_config
+from trajbus.infra.kafka_config import client_config
 
 log = logging.getLogger(__name__)
 

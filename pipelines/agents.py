@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 import httpx
 
-from gateway import tool_calls
-from pipelines.envs import Feedback, Observation
+from trajbus.gateway import tool_calls
+from trajbus.pipelines.envs import Feedback, Observation
 
 
 @dataclass

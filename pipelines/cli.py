@@ -14,14 +14,14 @@ from typing import Callable
 
 from confluent_kafka import KafkaException
 
-from infra.arguments import positive_float, positive_int
-from infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
-from infra.kafka_broker import BrokerError, EmbeddedKafka
-from infra.kafka_config import (KafkaConfigError, KafkaUnreachable, add_connection_arguments,
+from trajbus.infra.arguments import positive_float, positive_int
+from trajbus.infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
+from trajbus.infra.kafka_broker import BrokerError, EmbeddedKafka
+from trajbus.infra.kafka_config import (KafkaConfigError, KafkaUnreachable, add_connection_arguments,
                                 apply_connection_arguments, authentication_failure, explain)
-from infra.logs import configure_logging
-from infra.topics import consumer_groups_lag, describe_topics, ensure_topics
-from streams.topics import DEFAULT_CHANNELS, DEFAULT_PREFIX, TopicSettings, channel_setting, validate_channel
+from trajbus.infra.logs import configure_logging
+from trajbus.infra.topics import consumer_groups_lag, describe_topics, ensure_topics
+from trajbus.streams.topics import DEFAULT_CHANNELS, DEFAULT_PREFIX, TopicSettings, channel_setting, validate_channel
 
 EXIT_USAGE = 2
 
@@ -49,7 +49,7 @@ def _topic_settings(args: argparse.Namespace) -> TopicSettings:
 
 def cmd_broker(args: argparse.Namespace) -> int:
     if args.engine == "tansu":
-        from infra.tansu_broker import TansuBroker
+        from trajbus.infra.tansu_broker import TansuBroker
 
         if args.secure:
             raise UsageError("--secure: the Tansu broker has no SASL listener; use --engine kafka")
@@ -113,7 +113,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 def _setting_value(name: str, text: str) -> object:
     """Convert a command-line value to the type of the ChannelSettings field ``name``."""
-    from streams.settings import ChannelSettings
+    from trajbus.streams.settings import ChannelSettings
 
     if text.lower() in ("none", "off", ""):
         return None
@@ -134,8 +134,8 @@ def _setting_value(name: str, text: str) -> object:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from streams.settings import ChannelSettings, WorkerSettings
-    from streams.worker import run_worker
+    from trajbus.streams.settings import ChannelSettings, WorkerSettings
+    from trajbus.streams.worker import run_worker
 
     try:
         default = ChannelSettings(
@@ -167,7 +167,7 @@ STATS_COLUMNS = [
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from streams.stats import read_snapshots, summarize
+    from trajbus.streams.stats import read_snapshots, summarize
 
     servers = resolve_bootstrap_servers(args.bootstrap_servers)
     snapshots = read_snapshots(servers, args.prefix)
@@ -200,14 +200,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
 # -- gateway --------------------------------------------------------------------
 
 def cmd_gateway(args: argparse.Namespace) -> int:
-    from gateway.config import settings_from_args
-    from gateway.server import serve
+    from trajbus.gateway.config import settings_from_args
+    from trajbus.gateway.server import serve
 
     return serve(settings_from_args(args))
 
 
 def cmd_inference_server(args: argparse.Namespace) -> int:
-    from infra.inference_server import main as serve_model
+    from trajbus.infra.inference_server import main as serve_model
 
     forwarded = ["--host", args.host, "--port", str(args.port), "--served-model-name", args.served_model_name]
     if args.model_dir:
@@ -218,7 +218,7 @@ def cmd_inference_server(args: argparse.Namespace) -> int:
 # -- tail -----------------------------------------------------------------------
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    from consumers.tail import UnknownTopic, tail
+    from trajbus.consumers.tail import UnknownTopic, tail
 
     try:
         tail(resolve_bootstrap_servers(args.bootstrap_servers), args.topic, from_beginning=args.from_beginning,
@@ -238,7 +238,7 @@ def _versions(text: str) -> set[int]:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from consumers.replay import Replay, ReplayError, parse_time
+    from trajbus.consumers.replay import Replay, ReplayError, parse_time
 
     try:
         replay = Replay(args.channel, args.bootstrap_servers, prefix=args.prefix, source=args.source,
@@ -272,8 +272,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 # -- demo -----------------------------------------------------------------------
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pipelines.demo import run_demo
-    from pipelines.demo_config import load_demo_config
+    from trajbus.pipelines.demo import run_demo
+    from trajbus.pipelines.demo_config import load_demo_config
 
     try:
         config = load_demo_config(args.config)
@@ -348,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     stats.set_defaults(func=cmd_stats)
 
     gateway = sub.add_parser("gateway", help="the HTTP gateway of agents (OpenAI-compatible, token-exact)")
-    from gateway.config import add_gateway_arguments
+    from trajbus.gateway.config import add_gateway_arguments
 
     add_gateway_arguments(gateway)
     gateway.set_defaults(func=cmd_gateway)

@@ -32,7 +32,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
 
-from streams.settings import import_dotted
+from trajbus.streams.settings import import_dotted
 
 
 class Status(str, Enum):

@@ -26,22 +26,22 @@ from pathlib import Path
 
 import httpx
 
-from consumers import BatchConsumer
-from consumers.backends import VerlBackend
-from infra import tiny_model
-from infra.kafka_broker import EmbeddedKafka
-from infra.logs import log_to_file
-from pipelines.agents import BlackBoxAgent, WhiteBoxAgent
-from pipelines.demo_config import DemoConfig, load_demo_config
-from pipelines.env_manager import EnvConfig, EnvManager, EpisodeScheduler
-from pipelines.envs import CalculatorEnv, MathEnv
-from pipelines.global_dataset import GlobalDataset
-from pipelines.processes import (ServiceProcess, free_port, gateway_process, inference_server_process, wait_http,
+from trajbus.consumers import BatchConsumer
+from trajbus.consumers.backends import VerlBackend
+from trajbus.infra import tiny_model
+from trajbus.infra.kafka_broker import EmbeddedKafka
+from trajbus.infra.logs import log_to_file
+from trajbus.pipelines.agents import BlackBoxAgent, WhiteBoxAgent
+from trajbus.pipelines.demo_config import DemoConfig, load_demo_config
+from trajbus.pipelines.env_manager import EnvConfig, EnvManager, EpisodeScheduler
+from trajbus.pipelines.envs import CalculatorEnv, MathEnv
+from trajbus.pipelines.global_dataset import GlobalDataset
+from trajbus.pipelines.processes import (ServiceProcess, free_port, gateway_process, inference_server_process, wait_http,
                                  worker_process)
-from pipelines.report import VersionRecord, drops_from_stats, summary_table, write_plot
-from streams.policy import PolicyVersionPublisher
-from streams.producer import StepProducer
-from streams.stats import read_snapshots, summarize
+from trajbus.pipelines.report import VersionRecord, drops_from_stats, summary_table, write_plot
+from trajbus.streams.policy import PolicyVersionPublisher
+from trajbus.streams.producer import StepProducer
+from trajbus.streams.stats import read_snapshots, summarize
 
 STAGES = 6
 
@@ -140,7 +140,7 @@ def train(config: DemoConfig, bootstrap_servers: str, prefix: str, policy_dir: P
           ) -> tuple[list[VersionRecord], dict[int, list[float]]]:
     """GRPO steps on fetched batches until the last policy version; per version what it used and how long
     it waited for the batch, and the rewards by the version that generated each rollout."""
-    from pipelines.trainer import GRPOTrainer
+    from trajbus.pipelines.trainer import GRPOTrainer
 
     trainer = GRPOTrainer(policy_dir, config.trainer.learning_rate)
     backend = VerlBackend(config.trainer.prompt_length, config.trainer.response_length,

@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from pipelines.global_dataset import GlobalDataset
-from streams.settings import import_dotted
+from trajbus.pipelines.global_dataset import GlobalDataset
+from trajbus.streams.settings import import_dotted
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
 ENVS = ("math", "calculator")

@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from pipelines.agents import AgentStopped, BlackBoxAgent, Episode, WhiteBoxAgent
-from pipelines.envs import Observation
+from trajbus.pipelines.agents import AgentStopped, BlackBoxAgent, Episode, WhiteBoxAgent
+from trajbus.pipelines.envs import Observation
 
 log = logging.getLogger(__name__)
 

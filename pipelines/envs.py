@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.tiny_model import CALCULATOR_TOOL
+from trajbus.infra.tiny_model import CALCULATOR_TOOL
 
 
 @dataclass

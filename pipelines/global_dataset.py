@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from pipelines.data_source import read_records
+from trajbus.pipelines.data_source import read_records
 
 MODES = ("sample", "traversal")
 

@@ -20,7 +20,7 @@ class ServiceProcess:
     output in a log file."""
 
     def __init__(self, args: list[str], log_file: Path | str, env: dict[str, str] | None = None,
-                 module: str = "pipelines.cli") -> None:
+                 module: str = "trajbus.pipelines.cli") -> None:
         self.args, self.module = args, module
         self.log_file = Path(log_file)
         self.env = env
@@ -125,7 +125,7 @@ def scripted_engine_process(port: int, workdir: Path, tokenizer_path: Path | str
     args = ["--tokenizer-path", str(tokenizer_path), "--replies", str(script), "--port", str(port)]
     if record is not None:
         args += ["--record", str(record)]
-    return ServiceProcess(args, workdir / f"engine-{port}.log", module="infra.scripted_engine")
+    return ServiceProcess(args, workdir / f"engine-{port}.log", module="trajbus.infra.scripted_engine")
 
 
 def gateway_process(bootstrap_servers: str, prefix: str, backends: list[str], tokenizer_path: Path | str,

@@ -44,17 +44,17 @@ import faust
 from confluent_kafka import Consumer, Producer
 from prometheus_client import start_http_server
 
-from infra.topics import consumer_group_lag, delete_records_before, describe_topics, end_offsets_of, read_partition
-from infra.kafka_config import client_config, faust_credentials
-from streams import codec
-from streams.assembly import Outcome, PendingGroup
-from streams.dlq import dlq_headers
-from streams.filters import judge
-from streams.policy import PolicyWatcher
-from streams.records import ReadyGroup, Step, TrajectoryEnd
-from streams.settings import WorkerSettings
-from streams.stats import WorkerMetrics, encode_snapshot
-from streams.topics import (
+from trajbus.infra.topics import consumer_group_lag, delete_records_before, describe_topics, end_offsets_of, read_partition
+from trajbus.infra.kafka_config import client_config, faust_credentials
+from trajbus.streams import codec
+from trajbus.streams.assembly import Outcome, PendingGroup
+from trajbus.streams.dlq import dlq_headers
+from trajbus.streams.filters import judge
+from trajbus.streams.policy import PolicyWatcher
+from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.settings import WorkerSettings
+from trajbus.streams.stats import WorkerMetrics, encode_snapshot
+from trajbus.streams.topics import (
     channel_of,
     dlq_topic,
     groups_topic,

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
-from streams.records import ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
 
 
 class Outcome(str, Enum):

@@ -16,7 +16,7 @@ from typing import Union
 
 import numpy as np
 
-from streams.records import ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
 
 SCHEMA_VERSION = 1
 MAGIC = b"TB"

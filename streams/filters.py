@@ -14,8 +14,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from streams.records import ReadyGroup
-from streams.settings import ChannelSettings
+from trajbus.streams.records import ReadyGroup
+from trajbus.streams.settings import ChannelSettings
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ import threading
 import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from infra.kafka_config import client_config
+from trajbus.infra.kafka_config import client_config
 
-from streams.topics import DEFAULT_PREFIX, policy_topic
+from trajbus.streams.topics import DEFAULT_PREFIX, policy_topic
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ from typing import Any, Iterable, Mapping
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from infra.bootstrap import resolve_bootstrap_servers
-from infra.topics import ensure_topics
-from infra.kafka_config import client_config
-from streams import codec
-from streams.records import END_STEPS, Step, TrajectoryEnd
-from streams.topics import DEFAULT_PREFIX, TopicSettings, steps_topic, validate_channel
+from trajbus.infra.bootstrap import resolve_bootstrap_servers
+from trajbus.infra.topics import ensure_topics
+from trajbus.infra.kafka_config import client_config
+from trajbus.streams import codec
+from trajbus.streams.records import END_STEPS, Step, TrajectoryEnd
+from trajbus.streams.topics import DEFAULT_PREFIX, TopicSettings, steps_topic, validate_channel
 
 log = logging.getLogger(__name__)
 

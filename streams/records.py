@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from streams.topics import validate_channel
+from trajbus.streams.topics import validate_channel
 
 _U32 = 2**32
 _I64 = 2**63

@@ -8,7 +8,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from streams.topics import DEFAULT_CHANNELS, TopicSettings, validate_channel
+from trajbus.streams.topics import DEFAULT_CHANNELS, TopicSettings, validate_channel
 
 STALE_ACTIONS = ("drop", "tag")
 

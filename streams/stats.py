@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from infra.kafka_config import client_config
+from trajbus.infra.kafka_config import client_config
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32, float("inf"))
 
 
@@ -104,8 +104,8 @@ def read_snapshots(bootstrap_servers: str, prefix: str, timeout: float = 10.0) -
     """The newest snapshot of every worker that ever wrote one, read from the compacted stats topic."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from infra.topics import watermarks
-    from streams.topics import stats_topic
+    from trajbus.infra.topics import watermarks
+    from trajbus.streams.topics import stats_topic
 
     topic = stats_topic(prefix)
     consumer = Consumer(client_config(bootstrap_servers, {"group.id": f"{prefix}.stats-reader",

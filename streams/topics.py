@@ -13,7 +13,7 @@ import argparse
 import re
 from dataclasses import dataclass
 
-from infra.topics import TopicSpec
+from trajbus.infra.topics import TopicSpec
 
 DEFAULT_PREFIX = "trajbus"
 DEFAULT_CHANNELS = ("train", "val")

@@ -21,13 +21,13 @@ from pathlib import Path
 import faust
 from confluent_kafka import KafkaException
 
-from infra.bootstrap import resolve_bootstrap_servers
-from infra.kafka_config import KafkaUnreachable
-from infra.logs import FORMAT
-from infra.outage import OutageWatch
-from infra.topics import ensure_topics
-from streams.app import build_app
-from streams.settings import WorkerSettings
+from trajbus.infra.bootstrap import resolve_bootstrap_servers
+from trajbus.infra.kafka_config import KafkaUnreachable
+from trajbus.infra.logs import FORMAT
+from trajbus.infra.outage import OutageWatch
+from trajbus.infra.topics import ensure_topics
+from trajbus.streams.app import build_app
+from trajbus.streams.settings import WorkerSettings
 
 log = logging.getLogger("trajbus.worker")
 
@@ -42,7 +42,7 @@ def _logging_config(faust_level: str) -> dict:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"line": {"format": FORMAT}},
-        "filters": {"repeats": {"()": "infra.logs.RepeatFilter"}},
+        "filters": {"repeats": {"()": "trajbus.infra.logs.RepeatFilter"}},
         "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line", "filters": ["repeats"]}},
         "root": {"level": "INFO", "handlers": ["stderr"]},
         "loggers": {name: {"level": faust_level} for name in ("faust", "mode", "aiokafka", "kafka")},

@@ -11,8 +11,8 @@ from typing import Callable, TypeVar
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from consumers import BatchConsumer
-from streams.records import ReadyGroup, Step
+from trajbus.consumers import BatchConsumer
+from trajbus.streams.records import ReadyGroup, Step
 
 T = TypeVar("T")
 
@@ -55,21 +55,21 @@ def read_topic(bootstrap_servers: str, topic: str, min_count: int = 0, timeout: 
 
 def read_to_end(bootstrap_servers: str, topic: str, timeout: float = 30.0) -> list[Message]:
     """Every record of ``topic`` up to its current end."""
-    from infra.topics import describe_topics
+    from trajbus.infra.topics import describe_topics
 
     total = describe_topics(bootstrap_servers, names=[topic])[0].records
     return read_topic(bootstrap_servers, topic, min_count=total, timeout=timeout)
 
 
 def end_offsets(bootstrap_servers: str, topic: str) -> list[int]:
-    from infra.topics import describe_topics
+    from trajbus.infra.topics import describe_topics
 
     return describe_topics(bootstrap_servers, names=[topic])[0].end_offsets
 
 
 def trajbus(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     """Run the `trajbus` CLI as a user would, capturing its output."""
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "trajbus.pipelines.cli", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout)
 
 
@@ -90,8 +90,8 @@ def settle_workers(bootstrap_servers: str, prefix: str, workers: list, channels:
     """Wait until the running workers have applied every step (their published source positions
     reach the steps topics' ends), then stop them gracefully: whatever the groups topics hold
     afterwards is all they will ever emit (a known end, no sleeping)."""
-    from streams.stats import read_snapshots
-    from streams.topics import steps_topic
+    from trajbus.streams.stats import read_snapshots
+    from trajbus.streams.topics import steps_topic
 
     pids = {f"-{worker.pid}-" for worker in workers}
 
@@ -126,7 +126,7 @@ def assert_exactly_the_groups_sent(groups: list[ReadyGroup], sent: dict[str, lis
 def through_worker(bootstrap_servers: str, prefix: str, start_worker: Callable, steps: list[Step],
                    n_rollouts: int, channel: str = "train") -> None:
     """Provision the channel, start a worker, and submit ``steps`` (acknowledged)."""
-    from streams.producer import StepProducer
+    from trajbus.streams.producer import StepProducer
 
     with StepProducer(bootstrap_servers, prefix=prefix) as producer:
         producer.provision(channel)

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from infra.paths import trajbus_cache_dir
+from trajbus.infra.paths import trajbus_cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from infra import ray_exit
-from infra.bootstrap import ENV_VAR
-from infra.kafka_broker import EmbeddedKafka
-from pipelines.processes import (ServiceProcess, free_port, gateway_process, inference_server_process,
+from trajbus.infra import ray_exit
+from trajbus.infra.bootstrap import ENV_VAR
+from trajbus.infra.kafka_broker import EmbeddedKafka
+from trajbus.pipelines.processes import (ServiceProcess, free_port, gateway_process, inference_server_process,
                                  scripted_engine_process, wait_http, worker_process)
 
 
@@ -54,7 +54,7 @@ def start_worker(bootstrap_servers: str, prefix: str, tmp_path: Path) -> Iterato
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The tiny chat model and tokenizer, built from the project's files (cached between runs)."""
-    from infra import tiny_model
+    from trajbus.infra import tiny_model
 
     return tiny_model.build()
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 
-from consumers import BatchConsumer
-from gateway.admission import BACKLOG_FULL, POLICY_TOO_STALE
-from streams.policy import PolicyVersionPublisher
+from trajbus.consumers import BatchConsumer
+from trajbus.gateway.admission import BACKLOG_FULL, POLICY_TOO_STALE
+from trajbus.streams.policy import PolicyVersionPublisher
 from tests.helpers import fetch_groups, wait_for
 
 MARK = 2

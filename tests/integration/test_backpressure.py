@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from consumers import BatchConsumer
-from infra.topics import consumer_group_lag, describe_topics
-from streams.producer import StepProducer
-from streams.stats import read_snapshots, summarize
-from streams.topics import groups_topic, trainer_group_id
-from pipelines.synthetic import make_groups
+from trajbus.consumers import BatchConsumer
+from trajbus.infra.topics import consumer_group_lag, describe_topics
+from trajbus.streams.producer import StepProducer
+from trajbus.streams.stats import read_snapshots, summarize
+from trajbus.streams.topics import groups_topic, trainer_group_id
+from trajbus.pipelines.synthetic import make_groups
 from tests.helpers import read_to_end, wait_for
 
 MAX_QUEUE = 20

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from consumers import BatchConsumer, drain
-from consumers.backends import VerlBackend
-from infra.topics import describe_topics
-from pipelines.synthetic import make_groups
-from streams.producer import StepProducer
-from streams.topics import groups_topic
+from trajbus.consumers import BatchConsumer, drain
+from trajbus.consumers.backends import VerlBackend
+from trajbus.infra.topics import describe_topics
+from trajbus.pipelines.synthetic import make_groups
+from trajbus.streams.producer import StepProducer
+from trajbus.streams.topics import groups_topic
 from tests.helpers import fetch_groups, through_worker, wait_for
 
 
@@ -26,7 +26,7 @@ def test_fetch_dataproto_through_the_real_broker_and_worker(bootstrap_servers, p
 
 TRAINER = """
 import json, os, signal, sys, time
-from consumers import BatchConsumer
+from trajbus.consumers import BatchConsumer
 servers, prefix, out = sys.argv[1:4]
 consumer = BatchConsumer("train", servers, prefix=prefix)
 used = []

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from infra import bootstrap
-from infra.kafka_broker import EmbeddedKafka
-from infra.topics import TopicSpec, ensure_topics
+from trajbus.infra import bootstrap
+from trajbus.infra.kafka_broker import EmbeddedKafka
+from trajbus.infra.topics import TopicSpec, ensure_topics
 from tests.helpers import end_offsets, trajbus
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import httpx
 
-from consumers import BatchConsumer
-from infra.kafka_broker import EmbeddedKafka
-from pipelines.processes import free_port, gateway_process, wait_http, worker_process
-from pipelines.synthetic import group_steps
-from streams.producer import DeliveryError, StepProducer
+from trajbus.consumers import BatchConsumer
+from trajbus.infra.kafka_broker import EmbeddedKafka
+from trajbus.pipelines.processes import free_port, gateway_process, wait_http, worker_process
+from trajbus.pipelines.synthetic import group_steps
+from trajbus.streams.producer import DeliveryError, StepProducer
 from tests.helpers import wait_for
 
 OUTAGE_SECONDS = 20

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas
 
-from pipelines.data_source import DataSourceArgs, RolloutDataSource
+from trajbus.pipelines.data_source import DataSourceArgs, RolloutDataSource
 
 
 def test_parquet_chat_template_and_prompt_length_limit(tmp_path, tiny_model_dir):

@@ -88,7 +88,7 @@ def test_ctrl_c_tears_everything_down(bootstrap_servers, tmp_path, tiny_model_di
     path = config(tmp_path, policy_versions=1000)
     errors = tmp_path / "demo.stderr"
     with open(errors, "w") as stderr:
-        demo = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "demo", "--config", str(path),
+        demo = subprocess.Popen([sys.executable, "-m", "trajbus.pipelines.cli", "demo", "--config", str(path),
                                  "--bootstrap-servers", bootstrap_servers], stdout=subprocess.PIPE,
                                 stderr=stderr, text=True, start_new_session=True)
     lines: list[str] = []

@@ -7,13 +7,13 @@ import random
 import pytest
 from confluent_kafka import Producer
 
-from consumers import BatchConsumer
-from streams import codec
-from streams.dlq import REASON, SOURCE_OFFSET, SOURCE_TOPIC
-from streams.producer import StepProducer
-from streams.records import Step
-from streams.topics import dlq_topic, steps_topic
-from pipelines.synthetic import group_steps, interleave
+from trajbus.consumers import BatchConsumer
+from trajbus.streams import codec
+from trajbus.streams.dlq import REASON, SOURCE_OFFSET, SOURCE_TOPIC
+from trajbus.streams.producer import StepProducer
+from trajbus.streams.records import Step
+from trajbus.streams.topics import dlq_topic, steps_topic
+from trajbus.pipelines.synthetic import group_steps, interleave
 from tests.helpers import end_offsets, fetch_groups, read_topic, settle_workers
 
 

@@ -12,13 +12,13 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from consumers import BatchConsumer
-from infra.tiny_model import WEATHER_TOOL
-from streams import codec
-from streams.policy import PolicyVersionPublisher
-from streams.producer import StepProducer
-from streams.records import Step, TrajectoryEnd
-from streams.topics import steps_topic
+from trajbus.consumers import BatchConsumer
+from trajbus.infra.tiny_model import WEATHER_TOOL
+from trajbus.streams import codec
+from trajbus.streams.policy import PolicyVersionPublisher
+from trajbus.streams.producer import StepProducer
+from trajbus.streams.records import Step, TrajectoryEnd
+from trajbus.streams.topics import steps_topic
 from tests.helpers import end_offsets, fetch_groups, read_topic, wait_for
 
 REWARD_FN = "tests.gateway_rewards:exact_match"
@@ -327,7 +327,7 @@ def test_sigkill_mid_trajectory_and_restart_continues_the_same_trajectories(
 
 
 def test_ready_waits_for_a_backend_and_takes_it_back(prefix, tiny_model_dir, start_gateway, tmp_path):
-    from pipelines.processes import free_port, inference_server_process, wait_http
+    from trajbus.pipelines.processes import free_port, inference_server_process, wait_http
 
     port = free_port()
     gateway, _ = start_gateway([f"127.0.0.1:{port}"], wait=False)

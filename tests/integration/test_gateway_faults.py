@@ -20,14 +20,14 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from consumers import BatchConsumer
-from consumers.backends import VerlBackend
-from gateway.errors import RETRY_SECONDS
-from infra.kafka_broker import BrokerState, EmbeddedKafka
-from pipelines.processes import free_port, gateway_process, wait_http, worker_process
-from streams import codec
-from streams.records import CONTINUES, Step, TrajectoryEnd
-from streams.topics import steps_topic
+from trajbus.consumers import BatchConsumer
+from trajbus.consumers.backends import VerlBackend
+from trajbus.gateway.errors import RETRY_SECONDS
+from trajbus.infra.kafka_broker import BrokerState, EmbeddedKafka
+from trajbus.pipelines.processes import free_port, gateway_process, wait_http, worker_process
+from trajbus.streams import codec
+from trajbus.streams.records import CONTINUES, Step, TrajectoryEnd
+from trajbus.streams.topics import steps_topic
 from tests.helpers import fetch_groups, read_to_end, wait_for
 
 PUBLISH_TIMEOUT = "3"

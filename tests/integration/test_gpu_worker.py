@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from consumers.gpu_worker import make_batch_workers, rank_of
-from pipelines.synthetic import make_groups
+from trajbus.consumers.gpu_worker import make_batch_workers, rank_of
+from trajbus.pipelines.synthetic import make_groups
 from tests.helpers import through_worker
 
 

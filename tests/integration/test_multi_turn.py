@@ -15,13 +15,13 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from consumers import BatchConsumer
-from consumers.backends import VerlBackend
-from infra import tiny_model
-from infra.tiny_model import WEATHER_TOOL
-from pipelines.processes import free_port
-from streams.producer import StepProducer
-from streams.records import CONTINUES, SEGMENT_START, Step
+from trajbus.consumers import BatchConsumer
+from trajbus.consumers.backends import VerlBackend
+from trajbus.infra import tiny_model
+from trajbus.infra.tiny_model import WEATHER_TOOL
+from trajbus.pipelines.processes import free_port
+from trajbus.streams.producer import StepProducer
+from trajbus.streams.records import CONTINUES, SEGMENT_START, Step
 from tests.helpers import fetch_groups
 
 TOOL_REPLY = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from consumers import BatchConsumer
-from consumers.backends import VerlBackend
-from consumers.replay import Replay, ReplayError
-from infra.topics import consumer_group_lag, delete_records_before
-from pipelines.synthetic import group_steps
-from streams.producer import StepProducer
-from streams.topics import groups_topic, trainer_group_id
+from trajbus.consumers import BatchConsumer
+from trajbus.consumers.backends import VerlBackend
+from trajbus.consumers.replay import Replay, ReplayError
+from trajbus.infra.topics import consumer_group_lag, delete_records_before
+from trajbus.pipelines.synthetic import group_steps
+from trajbus.streams.producer import StepProducer
+from trajbus.streams.topics import groups_topic, trainer_group_id
 from tests.helpers import fetch_groups, settle_workers, trajbus
 
 

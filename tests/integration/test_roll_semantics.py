@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from consumers import BatchConsumer, drain
-from infra.tiny_model import PRODUCTS
-from pipelines.agents import BlackBoxAgent, WhiteBoxAgent
-from pipelines.env_manager import EnvConfig, EnvManager, EpisodeScheduler, validation_pass
-from pipelines.envs import CalculatorEnv, MathEnv
-from pipelines.global_dataset import (GlobalDataset, GlobalDatasetManager, global_dataset_actor,
+from trajbus.consumers import BatchConsumer, drain
+from trajbus.infra.tiny_model import PRODUCTS
+from trajbus.pipelines.agents import BlackBoxAgent, WhiteBoxAgent
+from trajbus.pipelines.env_manager import EnvConfig, EnvManager, EpisodeScheduler, validation_pass
+from trajbus.pipelines.envs import CalculatorEnv, MathEnv
+from trajbus.pipelines.global_dataset import (GlobalDataset, GlobalDatasetManager, global_dataset_actor,
                                       global_dataset_manager_actor)
-from streams.producer import StepProducer
+from trajbus.streams.producer import StepProducer
 from tests.helpers import fetch_groups, wait_for
 
 MATH = Path(__file__).resolve().parents[2] / "pipelines" / "data" / "math.jsonl"

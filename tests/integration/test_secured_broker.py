@@ -14,12 +14,12 @@ from typing import Iterator
 import httpx
 import pytest
 
-from consumers import BatchConsumer
-from infra.kafka_broker import BrokerState, EmbeddedKafka
-from infra.kafka_config import CONFIG_FILE_VAR, configure
-from pipelines.processes import free_port, gateway_process, worker_process
-from pipelines.synthetic import group_steps
-from streams.producer import StepProducer
+from trajbus.consumers import BatchConsumer
+from trajbus.infra.kafka_broker import BrokerState, EmbeddedKafka
+from trajbus.infra.kafka_config import CONFIG_FILE_VAR, configure
+from trajbus.pipelines.processes import free_port, gateway_process, worker_process
+from trajbus.pipelines.synthetic import group_steps
+from trajbus.streams.producer import StepProducer
 from tests.helpers import fetch_groups, trajbus, wait_for
 
 

@@ -16,17 +16,17 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from consumers import BatchConsumer
-from pipelines.processes import worker_process
-from streams import codec
-from streams.dlq import REASON, SOURCE_TOPIC
-from streams.policy import PolicyVersionPublisher
-from streams.producer import StepProducer
-from streams.records import ReadyGroup, Step
-from streams.stats import read_snapshots, summarize
-from streams.topics import TopicSettings, dlq_topic, steps_topic
-from infra.topics import ensure_topics
-from pipelines.synthetic import group_steps
+from trajbus.consumers import BatchConsumer
+from trajbus.pipelines.processes import worker_process
+from trajbus.streams import codec
+from trajbus.streams.dlq import REASON, SOURCE_TOPIC
+from trajbus.streams.policy import PolicyVersionPublisher
+from trajbus.streams.producer import StepProducer
+from trajbus.streams.records import ReadyGroup, Step
+from trajbus.streams.stats import read_snapshots, summarize
+from trajbus.streams.topics import TopicSettings, dlq_topic, steps_topic
+from trajbus.infra.topics import ensure_topics
+from trajbus.pipelines.synthetic import group_steps
 from tests.helpers import fetch_groups, read_to_end, trajbus, wait_for
 
 CHANNELS = "train,stale,tagged,flat,custom,timeout"

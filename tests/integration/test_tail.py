@@ -9,9 +9,9 @@ import threading
 
 from confluent_kafka import Producer
 
-from pipelines.synthetic import make_groups
-from streams.producer import StepProducer
-from streams.topics import dlq_topic, groups_topic, steps_topic
+from trajbus.pipelines.synthetic import make_groups
+from trajbus.streams.producer import StepProducer
+from trajbus.streams.topics import dlq_topic, groups_topic, steps_topic
 from tests.helpers import through_worker, trajbus, wait_for
 
 
@@ -19,7 +19,7 @@ def test_tail_follows_steps_live_and_reads_groups_and_dead_letters(bootstrap_ser
     sent, stream = make_groups(2, 2, 2, seed=8)
     with StepProducer(bootstrap_servers, prefix=prefix) as producer:
         producer.provision("train")
-    live = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "tail", steps_topic("train", prefix),
+    live = subprocess.Popen([sys.executable, "-m", "trajbus.pipelines.cli", "tail", steps_topic("train", prefix),
                              "--bootstrap-servers", bootstrap_servers, "--max", str(len(stream))],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []

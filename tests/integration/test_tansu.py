@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from consumers import BatchConsumer
-from pipelines.processes import worker_process
-from pipelines.synthetic import make_groups
-from streams.producer import StepProducer
+from trajbus.consumers import BatchConsumer
+from trajbus.pipelines.processes import worker_process
+from trajbus.pipelines.synthetic import make_groups
+from trajbus.streams.producer import StepProducer
 from tests.helpers import assert_exactly_the_groups_sent, fetch_groups, settle_workers, trajbus
 
 

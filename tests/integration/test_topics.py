@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from infra.topics import describe_topics, ensure_topics
-from streams.topics import TopicSettings, groups_topic, policy_topic, steps_topic
+from trajbus.infra.topics import describe_topics, ensure_topics
+from trajbus.streams.topics import TopicSettings, groups_topic, policy_topic, steps_topic
 from tests.helpers import trajbus
 
 
@@ -55,9 +55,9 @@ def test_topics_cli_refuses_a_bad_channel_with_exit_2(bootstrap_servers: str, pr
 
 
 def test_topics_cli_shows_each_consumer_groups_lag(bootstrap_servers: str, prefix: str, start_worker):
-    from consumers import BatchConsumer
-    from pipelines.synthetic import make_groups
-    from streams.topics import groups_topic, trainer_group_id
+    from trajbus.consumers import BatchConsumer
+    from trajbus.pipelines.synthetic import make_groups
+    from trajbus.streams.topics import groups_topic, trainer_group_id
     from tests.helpers import fetch_groups, through_worker
 
     _, stream = make_groups(3, 2, 1, seed=2)

@@ -24,8 +24,8 @@ def test_the_documented_plain_kafka_subscriber_decodes_steps_and_groups(bootstra
     import subprocess
     import sys
 
-    from pipelines.synthetic import make_groups
-    from streams.producer import StepProducer
+    from trajbus.pipelines.synthetic import make_groups
+    from trajbus.streams.producer import StepProducer
     from tests.helpers import through_worker, wait_for
 
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)

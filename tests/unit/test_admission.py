@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from gateway.admission import (BACKLOG_FULL, BACKLOG_UNKNOWN, FINISHING_SECONDS, POLICY_TOO_STALE, Admission, AdmissionRules, Backlog,
+from trajbus.gateway.admission import (BACKLOG_FULL, BACKLOG_UNKNOWN, FINISHING_SECONDS, POLICY_TOO_STALE, Admission, AdmissionRules, Backlog,
                                refusal)
-from gateway.config import add_gateway_arguments, settings_from_args
-from gateway.errors import GatewayError
-from gateway.metrics import GatewayMetrics
+from trajbus.gateway.config import add_gateway_arguments, settings_from_args
+from trajbus.gateway.errors import GatewayError
+from trajbus.gateway.metrics import GatewayMetrics
 
 BASE = ["--vllm-addresses", "127.0.0.1:1", "--tokenizer-path", "tok"]
 

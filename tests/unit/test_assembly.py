@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from streams import codec
-from streams.assembly import Outcome, PendingGroup
-from streams.records import END_STEPS, Step, TrajectoryEnd
+from trajbus.streams import codec
+from trajbus.streams.assembly import Outcome, PendingGroup
+from trajbus.streams.records import END_STEPS, Step, TrajectoryEnd
 
 
 def step(traj: str, index: int, last: bool = False, reward: float = 0.0, n_rollouts=None) -> Step:

@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from gateway.backends import BackendPool, NoBackendAvailable
+from trajbus.gateway.backends import BackendPool, NoBackendAvailable
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import bootstrap
+from trajbus.infra import bootstrap
 
 
 def test_bootstrap_resolution_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from gateway.conversation import CUMULATIVE, RENDER, PromptBuilder, extends
-from infra import tiny_model
-from infra.scripted_engine import noncanonical_ids
+from trajbus.gateway.conversation import CUMULATIVE, RENDER, PromptBuilder, extends
+from trajbus.infra import tiny_model
+from trajbus.infra.scripted_engine import noncanonical_ids
 
 REPLY = "<think>7 is 3 plus 4</think>The answer is 7."
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}

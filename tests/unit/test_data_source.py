@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pipelines.data_source import DataSourceArgs, RolloutDataSource, RolloutDataSourceWithBuffer, Sample
+from trajbus.pipelines.data_source import DataSourceArgs, RolloutDataSource, RolloutDataSourceWithBuffer, Sample
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.cli import build_parser
-from streams.topics import TopicSettings
+from trajbus.pipelines.cli import build_parser
+from trajbus.streams.topics import TopicSettings
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 
@@ -62,9 +62,9 @@ def registered_metric_names() -> set[str]:
     """Metric family names (labelled metrics have no samples until used) and sample names."""
     from prometheus_client import REGISTRY
 
-    import consumers.metrics  # noqa: F401  (registers the trainer-side metrics)
-    from gateway.metrics import GatewayMetrics
-    from streams.stats import WorkerMetrics
+    import trajbus.consumers.metrics  # noqa: F401  (registers the trainer-side metrics)
+    from trajbus.gateway.metrics import GatewayMetrics
+    from trajbus.streams.stats import WorkerMetrics
 
     names = set()
     for registry in (GatewayMetrics().registry, WorkerMetrics().registry, REGISTRY):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipelines.env_manager import EpisodeScheduler
+from trajbus.pipelines.env_manager import EpisodeScheduler
 
 
 def test_scheduler_gives_every_env_of_a_group_the_same_episodes_then_none():

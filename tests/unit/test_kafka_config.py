@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from infra.kafka_config import (KafkaConfigError, client_config, configure, faust_credentials, from_environment,
+from trajbus.infra.kafka_config import (KafkaConfigError, client_config, configure, faust_credentials, from_environment,
                                 read_properties_file, redacted)
-from pipelines import cli
+from trajbus.pipelines import cli
 
 SCRAM = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "trainer",
          "sasl.password": "s3cret"}
@@ -76,7 +76,7 @@ def test_the_cli_says_what_is_wrong_in_one_line_and_exits_2(flags, says, monkeyp
 def test_a_crash_from_a_lost_connection_is_told_from_any_other():
     from aiokafka.errors import KafkaConnectionError
 
-    from streams.worker import _lost_kafka
+    from trajbus.streams.worker import _lost_kafka
 
     try:
         try:

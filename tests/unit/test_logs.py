@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from infra.logs import RepeatFilter
+from trajbus.infra.logs import RepeatFilter
 
 
 def record(name: str, message: str) -> logging.LogRecord:

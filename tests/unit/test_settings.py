@@ -8,10 +8,10 @@ import os.path
 
 import pytest
 
-from gateway.config import GatewaySettings, _addresses, add_gateway_arguments, settings_from_args
-from infra.arguments import positive_int
-from streams.settings import ChannelSettings, WorkerSettings, import_dotted
-from streams.topics import TopicSettings
+from trajbus.gateway.config import GatewaySettings, _addresses, add_gateway_arguments, settings_from_args
+from trajbus.infra.arguments import positive_int
+from trajbus.streams.settings import ChannelSettings, WorkerSettings, import_dotted
+from trajbus.streams.topics import TopicSettings
 
 
 @pytest.mark.parametrize("field, value", [

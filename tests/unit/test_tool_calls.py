@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.tool_calls import parse, safe_prefix
+from trajbus.gateway.tool_calls import parse, safe_prefix
 
 
 def block(name, arguments):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gateway.trajectories import ABANDONED, COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
+from trajbus.gateway.trajectories import ABANDONED, COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
 
 
 @pytest.fixture

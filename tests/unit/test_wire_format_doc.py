@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from streams import codec
-from streams.records import Step
+from trajbus.streams import codec
+from trajbus.streams.records import Step
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "wire-format.md"
 
@@ -37,7 +37,7 @@ def test_documented_step_decoder_reads_what_the_codec_writes():
 def test_documented_decoder_reads_the_steps_inside_a_ready_group():
     ns = documented_decoder()
     steps = [Step(prompt_ids=[1], response_ids=[i], trajectory_uid=f"t{i}", prompt_uid="p") for i in range(3)]
-    from streams.records import ReadyGroup
+    from trajbus.streams.records import ReadyGroup
 
     value = codec.encode(ReadyGroup("p", "train", steps, 3, ready_at=1.0))
     pos = 4

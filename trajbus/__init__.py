@@ -1,0 +1,45 @@
+"""trajbus: the Kafka data plane of agentic RL for LLMs.
+
+Installed, every package lives under ``trajbus.`` (``trajbus.streams``,
+``trajbus.gateway``, ``trajbus.consumers``, ``trajbus.pipelines``,
+``trajbus.infra``); the repository keeps them as top-level folders, which a
+source checkout serves under the same names. The names of the public contract
+are exported here, imported when first used (``import trajbus`` stays cheap:
+no torch, no Faust).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+_checkout = Path(__file__).resolve().parent.parent
+if (_checkout / "pyproject.toml").is_file() and (_checkout / "streams" / "records.py").is_file():
+    __path__.append(str(_checkout))  # a source checkout: trajbus.streams is ./streams
+
+_EXPORTS = {
+    "Step": "trajbus.streams.records",
+    "TrajectoryEnd": "trajbus.streams.records",
+    "ReadyGroup": "trajbus.streams.records",
+    "StepProducer": "trajbus.streams.producer",
+    "BatchConsumer": "trajbus.consumers",
+    "VerlBackend": "trajbus.consumers.backends",
+    "PolicyVersionPublisher": "trajbus.streams.policy",
+    "RolloutDataSource": "trajbus.pipelines.data_source",
+    "RolloutDataSourceWithBuffer": "trajbus.pipelines.data_source",
+    "GlobalDataset": "trajbus.pipelines.global_dataset",
+    "GlobalDatasetManager": "trajbus.pipelines.global_dataset",
+    "EnvManager": "trajbus.pipelines.env_manager",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'trajbus' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
