@@ -45,6 +45,8 @@ def test_kubernetes_deployments_and_strimzi_topics_match_the_code():
         for container in deployment["spec"]["template"]["spec"]["containers"]:
             parses(container["args"])
             assert "TRAJBUS_BOOTSTRAP_SERVERS" in {e["name"] for e in container["env"]}
+            credentials = [source["secretRef"] for source in container["envFrom"]]  # TRAJBUS_KAFKA_* of a secret
+            assert credentials == [{"name": "trajbus-kafka", "optional": True}]
     gateway = next(d for d in deployments if d["metadata"]["name"] == "trajbus-gateway")
     probes = gateway["spec"]["template"]["spec"]["containers"][0]
     assert probes["readinessProbe"]["httpGet"]["path"] == "/ready"
