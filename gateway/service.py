@@ -32,7 +32,7 @@ from trajbus.gateway.rewards import RewardScorer, RewardUnavailable
 from trajbus.gateway.tokenizer import ChatTokenizer
 from trajbus.gateway.trajectories import ABANDONED, COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
-from trajbus.infra.kafka_config import authentication_failure, explain
+from trajbus.infra.kafka_config import authentication_failure, connection_properties, explain, redacted
 from trajbus.infra.outage import OutageWatch
 from trajbus.streams.policy import PolicyWatcher
 from trajbus.streams.producer import DeliveryError, StepProducer, TopicsUnavailable
@@ -104,7 +104,8 @@ class GatewayService:
                 if self.admission.active:
                     self._watch_backlog(servers)
                 self.producer, self.kafka_error, self.bootstrap_servers = producer, None, servers
-                log.info("kafka producer ready bootstrap=%s prefix=%s", servers, self.settings.prefix)
+                log.info("kafka producer ready bootstrap=%s prefix=%s connection=%s", servers, self.settings.prefix,
+                         redacted(connection_properties()))
                 self.outage = OutageWatch(servers, self.settings.broker_outage_limit, self._give_up,
                                           what="gateway (calls are answered 503)").start()
                 return

@@ -144,6 +144,7 @@ def authentication_failure(bootstrap_servers: str | None = None, timeout: float 
         deadline = time.monotonic() + timeout
         while _authentication_failure is None and time.monotonic() < deadline:
             probe.poll(0.1)
+        probe.close()
     return _authentication_failure
 
 

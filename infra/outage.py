@@ -61,4 +61,4 @@ class OutageWatch:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(2 * self.interval)
-        self._probe.flush(0)
+        self._probe.close()

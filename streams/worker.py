@@ -22,7 +22,7 @@ import faust
 from confluent_kafka import KafkaException
 
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
-from trajbus.infra.kafka_config import KafkaUnreachable
+from trajbus.infra.kafka_config import KafkaUnreachable, connection_properties, redacted
 from trajbus.infra.logs import FORMAT
 from trajbus.infra.outage import OutageWatch
 from trajbus.infra.topics import ensure_topics
@@ -96,6 +96,7 @@ def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None, l
     """Provision the topics, then process until SIGINT/SIGTERM (graceful shutdown); through outages of
     Kafka up to ``outage_limit`` seconds (``KafkaUnreachable`` past it)."""
     servers = resolve_bootstrap_servers(bootstrap_servers)
+    log.info("worker connecting bootstrap=%s connection=%s", servers, redacted(connection_properties()))
     _provision(servers, settings, outage_limit)
     with tempfile.TemporaryDirectory(prefix=f"trajbus-{settings.app_id}-") as datadir:
         app, assembler = build_app(servers, settings, Path(datadir))

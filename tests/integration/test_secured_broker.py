@@ -71,6 +71,11 @@ def test_every_component_runs_on_a_sasl_broker(secured_broker, credentials, pref
     finally:
         gateway.stop()
         worker.stop()
+    password = next(line.split("=", 1)[1] for line in Path(credentials).read_text().splitlines()
+                    if line.startswith("sasl.password="))
+    for log in ("worker.log", "gateway.log"):  # the connection is logged, its secret never
+        text = (tmp_path / log).read_text()
+        assert "'sasl.password': '***'" in text and password not in text, log
     listed = trajbus("replay", "--channel", "train", "--bootstrap-servers", servers, "--prefix", prefix,
                      "--from-offset", "0", "--to-offset", "2")
     assert listed.returncode == 0, listed.stderr
