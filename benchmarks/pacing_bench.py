@@ -55,7 +55,8 @@ def main() -> None:
         steps = len(run["versions"]) or 1
         print(f"{'paced' if run['pacing'] else 'unpaced':<10} {run['episodes_generated']:>8} "
               f"{run['rows_trained']:>12} {used:>6.0%} {run['dropped'].get('queue_full', 0):>10.0f} "
-              f"{run['dropped'].get('stale', 0):>6.0f} {run['held']:>5} {run['refusals_429']:>5} {run['trainer_wait_s']:>14.1f} "
+              f"{run['dropped'].get('stale', 0):>6.0f} {run['held']:>5} {run['refusals_429']:>5} "
+              f"{run['trainer_wait_s']:>14.1f} "
               f"{run['trainer_wait_s'] / steps:>9.1f} {run['wall_s']:>7.1f}")
     paced, unpaced = runs[1], runs[0]
     ratio = paced["trainer_wait_s"] / unpaced["trainer_wait_s"] if unpaced["trainer_wait_s"] else float("nan")

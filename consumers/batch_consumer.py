@@ -60,8 +60,6 @@ class BatchConsumer:
             "fetch.max.bytes": 64 * 1024 * 1024,
             **config,
         }))
-        self._restore: dict[int, int] = {}
-        """Positions from ``load_state_dict`` to apply when the partitions are assigned."""
         self._positions: dict[int, int] = {}
         """Per partition, the offset after the last group handed to the trainer."""
         self._consumer.subscribe([self.topic], on_assign=self._on_assign)
@@ -129,7 +127,8 @@ class BatchConsumer:
         they do not all arrive in time (those that did are kept for the next call).
         ``current_version`` (the trainer's policy) adds per-row staleness."""
         if self.backend is None:
-            raise ValueError("backend: fetch_dataproto needs a TrainingBackend, e.g. trajbus.consumers.backends.VerlBackend")
+            raise ValueError("backend: fetch_dataproto needs a TrainingBackend, "
+                             "e.g. trajbus.consumers.backends.VerlBackend")
         deadline = None if timeout is None else time.monotonic() + timeout
         while len(self._held) < n_groups:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -186,13 +185,12 @@ class BatchConsumer:
         whatever the consumer group committed since: nothing is skipped or repeated."""
         if state.get("topic") != self.topic:
             raise ValueError(f"state: saved for topic {state.get('topic')!r}, this consumer reads {self.topic!r}")
-        self._restore = {int(p): int(o) for p, o in state["positions"].items()}
-        self._positions = dict(self._restore)
+        self._positions = {int(p): int(o) for p, o in state["positions"].items()}
         self._held.clear()
         assigned = self._consumer.assignment()
         for tp in assigned:
-            if tp.partition in self._restore:
-                self._consumer.seek(TopicPartition(self.topic, tp.partition, self._restore[tp.partition]))
+            if tp.partition in self._positions:  # partitions assigned later start there too (_on_assign)
+                self._consumer.seek(TopicPartition(self.topic, tp.partition, self._positions[tp.partition]))
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Resume where this consumer stands, not where the group last committed: a partition handed

@@ -144,11 +144,13 @@ class Admission:
         for key in [key for key, finished in self.finishing.items() if finished < now - FINISHING_SECONDS]:
             del self.finishing[key]
 
-    def backlog(self, channel: str) -> Backlog | None:
+    def backlog(self, channel: str, in_flight_here: set[str] | None = None) -> Backlog | None:
+        """The channel's backlog; ``in_flight_here``: its groups in flight, when the caller has them already."""
         ready = self.ready(channel)
         if ready is None:
             return None
-        return Backlog(ready, len(self.in_flight().get(channel, ())), self.elsewhere(channel))
+        here = self.in_flight().get(channel, set()) if in_flight_here is None else in_flight_here
+        return Backlog(ready, len(here), self.elsewhere(channel))
 
     def add(self, trajectory_uid: str, channel: str, prompt_uid: str, last_seen: float | None = None) -> None:
         self.admitted[trajectory_uid] = Admitted(channel, prompt_uid, last_seen or time.time())
@@ -180,8 +182,9 @@ class Admission:
         deadline = time.monotonic() + wait
         waited = False
         while True:
-            new_group = prompt_uid not in self.in_flight().get(channel, set())
-            reason = refusal(rules, self.backlog(channel), new_group, start_version(), trainer_version())
+            here = self.in_flight().get(channel, set())
+            reason = refusal(rules, self.backlog(channel, here), prompt_uid not in here, start_version(),
+                             trainer_version())
             if reason is None:
                 self.add(trajectory_uid, channel, prompt_uid)
                 self.metrics.admissions.labels(channel, "admitted", "waited" if waited else "immediately").inc()

@@ -30,7 +30,7 @@ from trajbus.gateway.config import GatewaySettings
 from trajbus.gateway.dashboard import PAGE, DashboardData
 from trajbus.gateway.errors import GatewayError, bad_request, install_error_handlers
 from trajbus.gateway.schemas import (ChatCompletionRequest, CompleteTrajectoryRequest, GenerateRequest,
-                             InitTrajectoryRequest, RegisterTrajectoryRequest, SubmitStepsRequest)
+                                     InitTrajectoryRequest, RegisterTrajectoryRequest, SubmitStepsRequest)
 from trajbus.gateway.service import GatewayService
 from trajbus.streams.records import Step
 
@@ -197,7 +197,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     # -- black-box ----------------------------------------------------------------
     @app.post("/init_trajectory", dependencies=admin)
-    async def init_trajectory(body: InitTrajectoryRequest | None = None, wait: float = Query(0.0, ge=0, description=WAIT)) -> dict[str, Any]:
+    async def init_trajectory(body: InitTrajectoryRequest | None = None,
+                              wait: float = Query(0.0, ge=0, description=WAIT)) -> dict[str, Any]:
         body = body or InitTrajectoryRequest()
         trajectory = await service.init_trajectory(body.prompt_uid, body.channel, body.n_rollouts, body.metadata,
                                                    body.policy_version, wait)

@@ -354,7 +354,8 @@ def _sse(payload: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    parser = argparse.ArgumentParser(prog="python -m trajbus.infra.inference_server", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trajbus.infra.inference_server",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--model-dir", help="a Hugging Face causal LM directory (default: the tiny chat model)")
     parser.add_argument("--served-model-name", default="trajbus-tiny-chat")
     parser.add_argument("--host", default="127.0.0.1")

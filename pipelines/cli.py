@@ -18,7 +18,7 @@ from trajbus.infra.arguments import positive_float, positive_int
 from trajbus.infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
 from trajbus.infra.kafka_broker import BrokerError, EmbeddedKafka
 from trajbus.infra.kafka_config import (KafkaConfigError, KafkaUnreachable, add_connection_arguments,
-                                apply_connection_arguments, authentication_failure, explain)
+                                        apply_connection_arguments, authentication_failure, explain)
 from trajbus.infra.logs import configure_logging
 from trajbus.infra.topics import consumer_groups_lag, describe_topics, ensure_topics
 from trajbus.streams.topics import DEFAULT_CHANNELS, DEFAULT_PREFIX, TopicSettings, channel_setting, validate_channel

@@ -36,8 +36,8 @@ from trajbus.pipelines.demo_config import DemoConfig, load_demo_config
 from trajbus.pipelines.env_manager import EnvConfig, EnvManager, EpisodeScheduler
 from trajbus.pipelines.envs import CalculatorEnv, MathEnv
 from trajbus.pipelines.global_dataset import GlobalDataset
-from trajbus.pipelines.processes import (ServiceProcess, free_port, gateway_process, inference_server_process, wait_http,
-                                 worker_process)
+from trajbus.pipelines.processes import (ServiceProcess, free_port, gateway_process, inference_server_process,
+                                         wait_http, worker_process)
 from trajbus.pipelines.report import VersionRecord, drops_from_stats, summary_table, write_plot
 from trajbus.streams.policy import PolicyVersionPublisher
 from trajbus.streams.producer import StepProducer
@@ -185,6 +185,7 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
     broker: EmbeddedKafka | None = None
     services: list[ServiceProcess] = []
     rollouts: Rollouts | None = None
+    publisher: PolicyVersionPublisher | None = None
     started = time.monotonic()
     interrupted = threading.Event()
 
@@ -254,6 +255,8 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
             threading.Thread(target=rollouts.stop, daemon=True).start()  # never block teardown on an agent
         for service in reversed(services):
             service.stop()
+        if publisher is not None:
+            publisher.close()
         if broker is not None:
             broker.stop()
         print("torn down: gateway, inference server, worker" + (" and broker" if broker else "") + " stopped",

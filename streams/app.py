@@ -44,7 +44,8 @@ import faust
 from confluent_kafka import Consumer, Producer
 from prometheus_client import start_http_server
 
-from trajbus.infra.topics import consumer_group_lag, delete_records_before, describe_topics, end_offsets_of, read_partition
+from trajbus.infra.topics import (consumer_group_lag, delete_records_before, describe_topics, end_offsets_of,
+                                  read_partition)
 from trajbus.infra.kafka_config import client_config, faust_credentials
 from trajbus.streams import codec
 from trajbus.streams.assembly import Outcome, PendingGroup
@@ -54,14 +55,7 @@ from trajbus.streams.policy import PolicyWatcher
 from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
 from trajbus.streams.settings import WorkerSettings
 from trajbus.streams.stats import WorkerMetrics, encode_snapshot
-from trajbus.streams.topics import (
-    channel_of,
-    dlq_topic,
-    groups_topic,
-    stats_topic,
-    steps_topic,
-    trainer_group_id,
-)
+from trajbus.streams.topics import channel_of, dlq_topic, groups_topic, stats_topic, steps_topic, trainer_group_id
 
 log = logging.getLogger("trajbus.worker")
 

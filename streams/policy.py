@@ -66,6 +66,15 @@ class PolicyVersionPublisher:
         if errors:  # e.g. the policy topic does not exist: provision the channel first
             raise RuntimeError(f"policy version {version} not published to {self.topic}: {errors[0].str()}")
 
+    def close(self) -> None:
+        self._producer.close()
+
+    def __enter__(self) -> "PolicyVersionPublisher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 class PolicyWatcher:
     """Follows the policy topic in a background thread; ``current`` is a dict look-up."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -13,7 +15,7 @@ from trajbus.infra import ray_exit
 from trajbus.infra.bootstrap import ENV_VAR
 from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.pipelines.processes import (ServiceProcess, free_port, gateway_process, inference_server_process,
-                                 scripted_engine_process, wait_http, worker_process)
+                                         scripted_engine_process, wait_http, worker_process)
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +30,21 @@ def bootstrap_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     try:
         yield state.bootstrap_servers
     finally:
+        broker.stop()
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[EmbeddedKafka]:
+    """A broker of this test's own (started), to pause, kill or restart; resumed if paused and stopped at the end."""
+    broker = EmbeddedKafka(state_dir=tmp_path / "kafka")
+    broker.start(fresh=True)
+    try:
+        yield broker
+    finally:
+        state = broker.read_state()
+        if state is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(state.pid, signal.SIGCONT)
         broker.stop()
 
 

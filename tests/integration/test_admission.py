@@ -105,30 +105,30 @@ def test_new_trajectories_wait_while_the_engines_lag_the_trainer_past_the_bound(
     engine, _ = scripted_engine(["Four."])
     start_worker(n_rollouts=1)
     gateway, _ = start_gateway([engine], ["--max-staleness", "1"])
-    trainer = PolicyVersionPublisher(bootstrap_servers, prefix=prefix)
-    engines = PolicyVersionPublisher(bootstrap_servers, prefix=prefix, serving=True)
-    trainer.publish(0)
-    engines.publish(0)
-    running = init(gateway, "in-flight", n_rollouts=1)
-    assert running.status_code == 200, running.text
+    with PolicyVersionPublisher(bootstrap_servers, prefix=prefix) as trainer, \
+            PolicyVersionPublisher(bootstrap_servers, prefix=prefix, serving=True) as engines:
+        trainer.publish(0)
+        engines.publish(0)
+        running = init(gateway, "in-flight", n_rollouts=1)
+        assert running.status_code == 200, running.text
 
-    trainer.publish(2)  # the trainer is two versions ahead of what the engines serve
-    wait_for(lambda: httpx.get(f"{gateway}/statistics").json()["policy_versions"].get("global") == 2, 30,
-             "the gateway to see version 2")
-    assert_refused(init(gateway, "new", n_rollouts=1), POLICY_TOO_STALE)
-    held: list[httpx.Response] = []
-    waiter = threading.Thread(target=lambda: held.append(init(gateway, "new", wait=60, n_rollouts=1)))
-    waiter.start()
-    roll_out(running.json())  # the admitted trajectory finishes at its old version
-    with BatchConsumer("train", bootstrap_servers, prefix=prefix) as consumer:
-        [group] = fetch_groups(consumer, 1, timeout=60)
-    assert group.prompt_uid == "in-flight" and {s.policy_version for s in group.steps} == {0}
-    assert not held  # still held: the engines still serve version 0
+        trainer.publish(2)  # the trainer is two versions ahead of what the engines serve
+        wait_for(lambda: httpx.get(f"{gateway}/statistics").json()["policy_versions"].get("global") == 2, 30,
+                 "the gateway to see version 2")
+        assert_refused(init(gateway, "new", n_rollouts=1), POLICY_TOO_STALE)
+        held: list[httpx.Response] = []
+        waiter = threading.Thread(target=lambda: held.append(init(gateway, "new", wait=60, n_rollouts=1)))
+        waiter.start()
+        roll_out(running.json())  # the admitted trajectory finishes at its old version
+        with BatchConsumer("train", bootstrap_servers, prefix=prefix) as consumer:
+            [group] = fetch_groups(consumer, 1, timeout=60)
+        assert group.prompt_uid == "in-flight" and {s.policy_version for s in group.steps} == {0}
+        assert not held  # still held: the engines still serve version 0
 
-    engines.publish(2)  # the engines caught up
-    waiter.join(90)
-    assert held and held[0].status_code == 200, held[0].text if held else "no answer"
-    roll_out(held[0].json())
+        engines.publish(2)  # the engines caught up
+        waiter.join(90)
+        assert held and held[0].status_code == 200, held[0].text if held else "no answer"
+        roll_out(held[0].json())
 
 
 def test_a_white_box_trajectory_is_admitted_at_its_first_generate(

@@ -18,8 +18,7 @@ from pathlib import Path
 import httpx
 
 from trajbus.consumers import BatchConsumer
-from trajbus.infra.kafka_broker import EmbeddedKafka
-from trajbus.pipelines.processes import free_port, gateway_process, wait_http, worker_process
+from trajbus.pipelines.processes import ServiceProcess, free_port, gateway_process, wait_http, worker_process
 from trajbus.pipelines.synthetic import group_steps
 from trajbus.streams.producer import DeliveryError, StepProducer
 from tests.helpers import wait_for
@@ -42,15 +41,20 @@ def submit_until_stopped(producer: StepProducer, acked: dict[str, int], stop: th
         number += 1
 
 
-def test_worker_gateway_and_trainer_ride_through_a_broker_restart(prefix, scripted_engine, tiny_model_dir,
-                                                                tmp_path: Path):
-    broker = EmbeddedKafka(state_dir=tmp_path / "kafka")
-    servers = broker.start(fresh=True).bootstrap_servers
+def worker_and_gateway(servers: str, prefix: str, engine: str, tiny_model_dir: Path, port: int, logs: Path,
+                       extra: list[str]) -> tuple[ServiceProcess, ServiceProcess]:
+    """A worker and a gateway (not yet started) on the test's broker, both with ``extra`` flags."""
+    return (worker_process(servers, prefix, logs / "worker.log", n_rollouts=2, extra=extra),
+            gateway_process(servers, prefix, [engine], tiny_model_dir, port, logs / "state", logs / "gateway.log",
+                            extra))
+
+
+def test_worker_gateway_and_trainer_ride_through_a_broker_restart(own_broker, prefix, scripted_engine,
+                                                                tiny_model_dir, tmp_path: Path):
+    servers = own_broker.read_state().bootstrap_servers
     engine, _ = scripted_engine(["Four."])
     port = free_port()
-    worker = worker_process(servers, prefix, tmp_path / "worker.log", n_rollouts=2)
-    gateway = gateway_process(servers, prefix, [engine], tiny_model_dir, port, tmp_path / "state",
-                              tmp_path / "gateway.log", ["--publish-timeout", "5"])
+    worker, gateway = worker_and_gateway(servers, prefix, engine, tiny_model_dir, port, tmp_path, [])
     acked: dict[str, int] = {}
     stop = threading.Event()
     try:
@@ -72,10 +76,10 @@ def test_worker_gateway_and_trainer_ride_through_a_broker_restart(prefix, script
 
             wait_for(lambda: receive(lambda: len(received) >= 5), 120, "groups before the outage")
 
-            os.kill(broker.read_state().pid, signal.SIGKILL)
+            os.kill(own_broker.read_state().pid, signal.SIGKILL)
             time.sleep(OUTAGE_SECONDS)  # the outage itself, not a wait for a condition
             before_restart = len(acked)
-            broker.start()
+            own_broker.start()
             wait_for(lambda: len(acked) >= before_restart + 10, 120, "acknowledged load after the restart")
             stop.set()
             load.join(60)
@@ -88,33 +92,33 @@ def test_worker_gateway_and_trainer_ride_through_a_broker_restart(prefix, script
             assert httpx.post(f"{t['base_url']}/complete_trajectory", json={"reward": 1.0}).status_code == 200
             acked["after"] = 1
 
-            wait_for(lambda: receive(lambda: set(acked) <= set(received)), 180, "every acknowledged group")
+            try:
+                wait_for(lambda: receive(lambda: set(acked) <= set(received)), 180, "every acknowledged group")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}: acknowledged, never received: {sorted(set(acked) - set(received))}; "
+                                     f"received {len(received)} of {len(acked)} acknowledged") from None
         assert len(received) == len(set(received)), "a group arrived twice"
         assert worker.alive() and gateway.alive(), "a component did not ride through the restart"
     finally:
         stop.set()
         gateway.stop()
         worker.stop()
-        broker.stop()
 
 
-def test_past_the_outage_limit_worker_and_gateway_exit_with_one_line(prefix, scripted_engine, tiny_model_dir,
-                                                                    tmp_path: Path):
-    broker = EmbeddedKafka(state_dir=tmp_path / "kafka")
-    servers = broker.start(fresh=True).bootstrap_servers
+def test_past_the_outage_limit_worker_and_gateway_exit_with_one_line(own_broker, prefix, scripted_engine,
+                                                                    tiny_model_dir, tmp_path: Path):
+    servers = own_broker.read_state().bootstrap_servers
     engine, _ = scripted_engine(["Four."])
     port = free_port()
-    limit = ["--broker-outage-limit", "8"]
-    worker = worker_process(servers, prefix, tmp_path / "worker.log", n_rollouts=2, extra=limit)
-    gateway = gateway_process(servers, prefix, [engine], tiny_model_dir, port, tmp_path / "state",
-                              tmp_path / "gateway.log", limit)
+    worker, gateway = worker_and_gateway(servers, prefix, engine, tiny_model_dir, port, tmp_path,
+                                         ["--broker-outage-limit", "8"])
     try:
         with StepProducer(servers, prefix=prefix) as producer:
             producer.provision("train")
         worker.start()
         gateway.start()
         wait_http(f"http://127.0.0.1:{port}/ready", 120, gateway)
-        broker.stop()  # for good
+        own_broker.stop()  # for good
         wait_for(lambda: not worker.alive() and not gateway.alive(), 120, "both to give up")
         for process, name in ((worker, "worker"), (gateway, "gateway")):
             assert process.process.returncode != 0
@@ -123,4 +127,3 @@ def test_past_the_outage_limit_worker_and_gateway_exit_with_one_line(prefix, scr
     finally:
         gateway.stop()
         worker.stop()
-        broker.stop()

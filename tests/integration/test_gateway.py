@@ -49,7 +49,8 @@ def test_plain_streaming_and_tool_calls_are_captured_token_exactly(
         bootstrap_servers, prefix, inference_server, start_gateway, start_worker, tiny_model_dir):
     with StepProducer(bootstrap_servers, prefix=prefix) as producer:
         producer.provision("train")
-    PolicyVersionPublisher(bootstrap_servers, prefix=prefix).publish(3)
+    with PolicyVersionPublisher(bootstrap_servers, prefix=prefix) as publisher:
+        publisher.publish(3)
     gateway, _ = start_gateway([inference_server])
     wait_for(lambda: httpx.get(f"{gateway}/statistics").json()["policy_versions"].get("global") == 3, 30,
              "the gateway to see policy version 3")

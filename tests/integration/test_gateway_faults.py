@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import httpx
 import pytest
@@ -23,7 +22,6 @@ from transformers import AutoTokenizer
 from trajbus.consumers import BatchConsumer
 from trajbus.consumers.backends import VerlBackend
 from trajbus.gateway.errors import RETRY_SECONDS
-from trajbus.infra.kafka_broker import BrokerState, EmbeddedKafka
 from trajbus.pipelines.processes import free_port, gateway_process, wait_http, worker_process
 from trajbus.streams import codec
 from trajbus.streams.records import CONTINUES, Step, TrajectoryEnd
@@ -90,21 +88,10 @@ def test_a_call_failing_at_the_engine_leaves_no_index_behind(
         [(0, 1.0, "Second answer.")]
 
 
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[BrokerState]:
-    """A broker of this test's own, to pause; resumed (if paused) and stopped at the end."""
-    broker = EmbeddedKafka(state_dir=tmp_path / "kafka")
-    state = broker.start(fresh=True)
-    try:
-        yield state
-    finally:
-        os.kill(state.pid, signal.SIGCONT)
-        broker.stop()
-
-
 def test_a_paused_broker_never_puts_a_reply_the_agent_did_not_get_into_its_trajectory(
         own_broker, prefix, scripted_engine, tiny_model_dir, tmp_path):
-    servers = own_broker.bootstrap_servers
+    broker = own_broker.read_state()
+    servers = broker.bootstrap_servers
     replies = ["One.", "Two, never seen.", "Three, given up on.", "Four."]
     engine, _ = scripted_engine(replies)
     port = free_port()
@@ -120,7 +107,7 @@ def test_a_paused_broker_never_puts_a_reply_the_agent_did_not_get_into_its_traje
         history = [{"role": "user", "content": "Count with me."}]
         history += [assistant(call(t["base_url"], history)), {"role": "user", "content": "Go on."}]
 
-        os.kill(own_broker.pid, signal.SIGSTOP)
+        os.kill(broker.pid, signal.SIGSTOP)
         assert_openai_error(call(t["base_url"], history), 503, "not_acknowledged")
         with pytest.raises(httpx.ReadTimeout):  # a streaming client that gives up while the step is unacknowledged
             with httpx.stream("POST", f"{t['base_url']}/chat/completions", timeout=httpx.Timeout(30, read=1.0),
@@ -128,16 +115,16 @@ def test_a_paused_broker_never_puts_a_reply_the_agent_did_not_get_into_its_traje
                 for _ in stream.iter_lines():
                     pass
         assert_openai_error(call(fresh["base_url"], history[:1]), 503, "kafka_unavailable")
-        os.kill(own_broker.pid, signal.SIGCONT)
+        os.kill(broker.pid, signal.SIGCONT)
 
         retried = assistant(call(t["base_url"], history))  # the agent's retry, after Retry-After
         assert retried["content"] == "Four."
         assert assistant(once_kafka_is_back(lambda: call(fresh["base_url"], history[:1])))["content"] == "One."
 
-        os.kill(own_broker.pid, signal.SIGSTOP)  # an end whose fate is unknown fences the trajectory
+        os.kill(broker.pid, signal.SIGSTOP)  # an end whose fate is unknown fences the trajectory
         assert_openai_error(complete(t), 503, "not_acknowledged")
         assert call(t["base_url"], history).json()["error"]["code"] == "conflict"
-        os.kill(own_broker.pid, signal.SIGCONT)
+        os.kill(broker.pid, signal.SIGCONT)
         ends = [complete(x).json() for x in (t, fresh)]  # the agent's retry sends the same end
         assert [e["step_indices"] for e in ends] == [[0, 3], [0]]
 

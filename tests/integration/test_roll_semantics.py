@@ -15,7 +15,7 @@ from trajbus.pipelines.agents import BlackBoxAgent, WhiteBoxAgent
 from trajbus.pipelines.env_manager import EnvConfig, EnvManager, EpisodeScheduler, validation_pass
 from trajbus.pipelines.envs import CalculatorEnv, MathEnv
 from trajbus.pipelines.global_dataset import (GlobalDataset, GlobalDatasetManager, global_dataset_actor,
-                                      global_dataset_manager_actor)
+                                              global_dataset_manager_actor)
 from trajbus.streams.producer import StepProducer
 from tests.helpers import fetch_groups, wait_for
 

@@ -91,7 +91,8 @@ def dlq_reasons(bootstrap_servers: str, prefix: str, channel: str) -> list[str]:
 
 def test_stale_groups_are_dropped_and_counted(bootstrap_servers, rules):
     prefix, producer = rules
-    PolicyVersionPublisher(bootstrap_servers, prefix=prefix).publish(5)
+    with PolicyVersionPublisher(bootstrap_servers, prefix=prefix) as publisher:
+        publisher.publish(5)
     wait_for(lambda: stats(bootstrap_servers, prefix, "stale").get("policy_version") == 5, 60,
              "the worker to see policy version 5")
     producer.submit_steps(a_group("old", [0.0, 1.0], version=3), channel="stale")  # 2 behind: dropped
@@ -106,7 +107,8 @@ def test_stale_groups_are_dropped_and_counted(bootstrap_servers, rules):
 
 def test_stale_groups_can_be_tagged_instead(bootstrap_servers, rules):
     prefix, producer = rules
-    PolicyVersionPublisher(bootstrap_servers, prefix=prefix, channel="tagged").publish(9)
+    with PolicyVersionPublisher(bootstrap_servers, prefix=prefix, channel="tagged") as publisher:
+        publisher.publish(9)
     wait_for(lambda: stats(bootstrap_servers, prefix, "tagged").get("policy_version") == 9, 60,
              "the worker to see policy version 9 for channel tagged")
     producer.submit_steps(a_group("old", [0.0, 1.0], version=2), channel="tagged")

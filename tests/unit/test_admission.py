@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from trajbus.gateway.admission import (BACKLOG_FULL, BACKLOG_UNKNOWN, FINISHING_SECONDS, POLICY_TOO_STALE, Admission, AdmissionRules, Backlog,
-                               refusal)
+from trajbus.gateway.admission import (BACKLOG_FULL, BACKLOG_UNKNOWN, FINISHING_SECONDS, POLICY_TOO_STALE, Admission,
+                                       AdmissionRules, Backlog, refusal)
 from trajbus.gateway.config import add_gateway_arguments, settings_from_args
 from trajbus.gateway.errors import GatewayError
 from trajbus.gateway.metrics import GatewayMetrics
@@ -52,7 +52,8 @@ def test_bad_limits_are_usage_errors_naming_the_flag(flags, message, capsys):
 
 
 def test_per_channel_limits_override_the_defaults():
-    settings = settings_from_args(parse("--max-backlog-groups", "8", "--channel-admission", "val.max_backlog_groups=off",
+    settings = settings_from_args(parse("--max-backlog-groups", "8",
+                                        "--channel-admission", "val.max_backlog_groups=off",
                                         "--channel-admission", "val.max_staleness=1"))
     assert settings.admission == AdmissionRules(8, None)
     assert settings.channel_admission == {"val": AdmissionRules(None, 1)}

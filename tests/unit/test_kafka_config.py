@@ -7,7 +7,7 @@ import os
 import pytest
 
 from trajbus.infra.kafka_config import (KafkaConfigError, client_config, configure, faust_credentials, from_environment,
-                                read_properties_file, redacted)
+                                        read_properties_file, redacted)
 from trajbus.pipelines import cli
 
 SCRAM = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "trainer",
