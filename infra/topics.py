@@ -282,7 +282,13 @@ def read_partition(consumer: Consumer, topic: str, partition: int, start: int, e
         message = consumer.poll(5.0)
         if message is None:
             raise RuntimeError(f"no records from {topic}[{partition}] at {start}..{end - 1} within 5 s")
-        if message.error() or message.offset() >= end:
+        error = message.error()
+        if error is not None and error.code() != KafkaError._PARTITION_EOF:
+            if message.topic() == topic:
+                raise RuntimeError(f"reading {topic}[{partition}]: {error.str()}")
+            log.info("reading %s[%d]: client event %s", topic, partition, error.str())  # e.g. a reconnect
+            continue
+        if error is not None or message.offset() >= end:
             return  # end of the partition, or past the range
         yield message
         if message.offset() >= end - 1:

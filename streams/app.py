@@ -51,6 +51,7 @@ from trajbus.streams import codec
 from trajbus.streams.assembly import Outcome, PendingGroup
 from trajbus.streams.dlq import dlq_headers
 from trajbus.streams.filters import judge
+from trajbus.streams.faust_app import IdempotentApp, PartitionKeyedTable
 from trajbus.streams.policy import PolicyWatcher
 from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
 from trajbus.streams.settings import WorkerSettings
@@ -108,13 +109,6 @@ def read_range(bootstrap_servers: str, topic: str, partition: int, start: int, e
                 for m in read_partition(consumer, topic, partition, start, end)]
     finally:
         consumer.close()
-
-
-class PartitionKeyedTable(faust.Table):
-    """A table whose keys name their own changelog partition (the source partition)."""
-
-    def partition_for_key(self, key: Any) -> int:
-        return int(key.split(b"|", 1)[0])
 
 
 def _broker_urls(bootstrap_servers: str) -> list[str]:
@@ -531,7 +525,7 @@ class GroupAssembler:
 
 def build_app(bootstrap_servers: str, settings: WorkerSettings, datadir: Path) -> tuple[faust.App, GroupAssembler]:
     """A Faust app wired for ``settings``; run it with ``streams.worker.run_worker``."""
-    app = faust.App(
+    app = IdempotentApp(
         settings.app_id,
         broker=_broker_urls(bootstrap_servers),
         broker_credentials=faust_credentials(),  # the same connection as every other client

@@ -49,6 +49,41 @@ def worker_and_gateway(servers: str, prefix: str, engine: str, tiny_model_dir: P
                             extra))
 
 
+def ride_through(broker, trainer: BatchConsumer, port: int, acked: dict[str, int],
+                 stop: threading.Event) -> list[str]:
+    """Under load: SIGKILL the broker, start it again, stop the load, one gateway call; returns the
+    prompt uids the trainer received until every acknowledged group was among them."""
+    received: list[str] = []
+
+    def receive(done) -> bool:
+        group = trainer.fetch_group(1.0)
+        if group is not None:
+            received.append(group.prompt_uid)
+        return done()
+
+    wait_for(lambda: receive(lambda: len(received) >= 5), 120, "groups before the outage")
+    os.kill(broker.read_state().pid, signal.SIGKILL)
+    time.sleep(OUTAGE_SECONDS)  # the outage itself, not a wait for a condition
+    before_restart = len(acked)
+    broker.start()
+    wait_for(lambda: len(acked) >= before_restart + 10, 120, "acknowledged load after the restart")
+    stop.set()
+
+    t = httpx.post(f"http://127.0.0.1:{port}/init_trajectory", json={"prompt_uid": "after", "n_rollouts": 1},
+                   timeout=30).json()
+    reply = httpx.post(f"{t['base_url']}/chat/completions", timeout=60,
+                       json={"model": "tiny", "messages": [{"role": "user", "content": "2+2?"}]})
+    assert reply.status_code == 200, reply.text
+    assert httpx.post(f"{t['base_url']}/complete_trajectory", json={"reward": 1.0}).status_code == 200
+    acked["after"] = 1
+    try:
+        wait_for(lambda: receive(lambda: set(acked) <= set(received)), 180, "every acknowledged group")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: acknowledged, never received: {sorted(set(acked) - set(received))}; "
+                             f"received {len(received)} of {len(acked)} acknowledged") from None
+    return received
+
+
 def test_worker_gateway_and_trainer_ride_through_a_broker_restart(own_broker, prefix, scripted_engine,
                                                                 tiny_model_dir, tmp_path: Path):
     servers = own_broker.read_state().bootstrap_servers
@@ -66,41 +101,14 @@ def test_worker_gateway_and_trainer_ride_through_a_broker_restart(own_broker, pr
             wait_http(f"http://127.0.0.1:{port}/ready", 120, gateway)
             load = threading.Thread(target=submit_until_stopped, args=(producer, acked, stop))
             load.start()
-            received: list[str] = []
-
-            def receive(done) -> bool:
-                group = trainer.fetch_group(1.0)
-                if group is not None:
-                    received.append(group.prompt_uid)
-                return done()
-
-            wait_for(lambda: receive(lambda: len(received) >= 5), 120, "groups before the outage")
-
-            os.kill(own_broker.read_state().pid, signal.SIGKILL)
-            time.sleep(OUTAGE_SECONDS)  # the outage itself, not a wait for a condition
-            before_restart = len(acked)
-            own_broker.start()
-            wait_for(lambda: len(acked) >= before_restart + 10, 120, "acknowledged load after the restart")
-            stop.set()
-            load.join(60)
-
-            t = httpx.post(f"http://127.0.0.1:{port}/init_trajectory", json={"prompt_uid": "after", "n_rollouts": 1},
-                           timeout=30).json()
-            reply = httpx.post(f"{t['base_url']}/chat/completions", timeout=60,
-                               json={"model": "tiny", "messages": [{"role": "user", "content": "2+2?"}]})
-            assert reply.status_code == 200, reply.text
-            assert httpx.post(f"{t['base_url']}/complete_trajectory", json={"reward": 1.0}).status_code == 200
-            acked["after"] = 1
-
             try:
-                wait_for(lambda: receive(lambda: set(acked) <= set(received)), 180, "every acknowledged group")
-            except AssertionError as exc:
-                raise AssertionError(f"{exc}: acknowledged, never received: {sorted(set(acked) - set(received))}; "
-                                     f"received {len(received)} of {len(acked)} acknowledged") from None
+                received = ride_through(own_broker, trainer, port, acked, stop)
+            finally:
+                stop.set()
+                load.join(60)  # before the producer closes under it
         assert len(received) == len(set(received)), "a group arrived twice"
         assert worker.alive() and gateway.alive(), "a component did not ride through the restart"
     finally:
-        stop.set()
         gateway.stop()
         worker.stop()
 

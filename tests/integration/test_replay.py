@@ -41,7 +41,7 @@ def run_versions(bootstrap_servers, prefix, start_worker, versions=(1, 2, 3), pe
                     step.created_at = base + 10 * version + 0.1 * g
                 producer.submit_steps(steps, channel="train")
                 uids[version].append(uid)
-            got = fetch_groups(trainer, per_version, timeout=60)  # the live trainer consumes and commits
+            got = fetch_groups(trainer, per_version, timeout=120)  # the live trainer consumes and commits
             trainer.commit()
             assert {g.prompt_uid for g in got} == set(uids[version])
             created[version] = (base + 10 * version, base + 10 * version + 5)
