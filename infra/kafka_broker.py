@@ -9,8 +9,9 @@ Production users never touch this module: they pass ``--bootstrap-servers`` (or
 set ``TRAJBUS_BOOTSTRAP_SERVERS``) and point trajbus at their own cluster.
 
 ``secure=True`` (``trajbus broker up --secure``) serves clients on a SASL/PLAIN
-listener only, as a managed cluster would; the credentials are written to
-``client.properties`` in the state directory (``TRAJBUS_KAFKA_CONFIG`` takes it).
+over TLS listener only, as a managed cluster would; the credentials and the CA to
+trust are written to ``client.properties`` in the state directory
+(``TRAJBUS_KAFKA_CONFIG`` takes it).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from importlib import resources
 from pathlib import Path
 
 from trajbus.infra.paths import default_state_dir, trajbus_cache_dir
+from trajbus.infra.tls import ensure_tls_files
 
 log = logging.getLogger(__name__)
 
@@ -170,15 +172,17 @@ class EmbeddedKafka:
         return self.state_dir / "client.properties"
 
     def _client_properties(self) -> dict[str, str]:
-        """The secure broker's client credentials, made once per state directory (readable by its owner)."""
-        path = self.client_properties_file
-        if not path.exists():
-            password = secrets.token_urlsafe(18)
-            path.write_text(f"security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=trajbus\n"
-                            f"sasl.password={password}\n")
-            path.chmod(0o600)
+        """The secure broker's client properties (credentials, CA), made once per state directory
+        (readable by its owner)."""
         from trajbus.infra.kafka_config import read_properties_file
 
+        path = self.client_properties_file
+        tls = ensure_tls_files(self.state_dir, [HOST, "localhost"])
+        if not path.exists() or read_properties_file(path).get("security.protocol") != "SASL_SSL":
+            password = secrets.token_urlsafe(18)
+            path.write_text(f"security.protocol=SASL_SSL\nssl.ca.location={tls.ca_certificate}\n"
+                            f"sasl.mechanism=PLAIN\nsasl.username=trajbus\nsasl.password={password}\n")
+            path.chmod(0o600)
         return read_properties_file(path)
 
     # -- install -------------------------------------------------------------
@@ -254,19 +258,20 @@ class EmbeddedKafka:
             "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
             "log.dirs": str(self.data_dir),
         })
-        if self.secure:  # clients: SASL/PLAIN only; the node talks to itself on a loopback listener of its own
+        if self.secure:  # clients: SASL/PLAIN over TLS only; the node talks to itself on a loopback listener
             internal = _free_port()
             credentials = self._client_properties()
             user, password = credentials["sasl.username"], credentials["sasl.password"]
             props.update({
-                "listeners": f"SASL_PLAINTEXT://{HOST}:{port},INTERNAL://{HOST}:{internal},"
+                "listeners": f"SASL_SSL://{HOST}:{port},INTERNAL://{HOST}:{internal},"
                              f"CONTROLLER://{HOST}:{controller_port}",
-                "advertised.listeners": f"SASL_PLAINTEXT://{HOST}:{port},INTERNAL://{HOST}:{internal}",
+                "advertised.listeners": f"SASL_SSL://{HOST}:{port},INTERNAL://{HOST}:{internal}",
                 "inter.broker.listener.name": "INTERNAL",
-                "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,INTERNAL:PLAINTEXT,"
-                                                  "CONTROLLER:PLAINTEXT",
+                "listener.security.protocol.map": "SASL_SSL:SASL_SSL,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                "ssl.keystore.type": "PEM",
+                "ssl.keystore.location": str(ensure_tls_files(self.state_dir, [HOST, "localhost"]).broker_keystore),
                 "sasl.enabled.mechanisms": "PLAIN",
-                "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+                "listener.name.sasl_ssl.plain.sasl.jaas.config":
                     "org.apache.kafka.common.security.plain.PlainLoginModule required "
                     f'username="{user}" password="{password}" user_{user}="{password}";',
             })

@@ -36,7 +36,10 @@ SECRET_WORDS = ("password", "secret", "jaas", "token", "key.pem", "credentials")
 FILE_PROPERTIES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
 
 _configured: dict[str, str] | None = None
-_authentication_failure: str | None = None
+_authentication_failure: tuple[str, str] | None = None
+"""(what failed, librdkafka's words): the last refused login or TLS handshake seen by any client."""
+SECURITY_CHECKS = {"authentication": "sasl.username and sasl.password",
+                   "TLS handshake": "ssl.ca.location (the CA that signed the broker's certificate)"}
 
 
 class KafkaUnreachable(RuntimeError):
@@ -122,21 +125,24 @@ def client_config(bootstrap_servers: str, settings: dict[str, Any] | None = None
 
 
 def _client_error(error: Any) -> None:
-    """librdkafka's error callback: remembers a failed authentication, so a command can name it."""
+    """librdkafka's error callback: remembers refused credentials or a failed TLS handshake, so a
+    command can name it."""
     global _authentication_failure
     from confluent_kafka import KafkaError
 
-    if error.code() == KafkaError._AUTHENTICATION and _authentication_failure != error.str():
-        _authentication_failure = error.str()
-        logging.getLogger(__name__).debug("kafka authentication failed: %s", error.str())  # callers say it
+    kind = {KafkaError._AUTHENTICATION: "authentication", KafkaError._SSL: "TLS handshake"}.get(error.code())
+    if kind is not None and _authentication_failure != (kind, error.str()):
+        _authentication_failure = (kind, error.str())
+        logging.getLogger(__name__).debug("kafka %s failed: %s", kind, error.str())  # callers say it
 
 
 def authentication_failure(bootstrap_servers: str | None = None, timeout: float = 3.0) -> str | None:
-    """Why the broker refused this process's credentials, if it did. With ``bootstrap_servers``, and
-    SASL configured, a failure not seen yet is looked for with a short-lived client (librdkafka reports
-    it only to a polled client, while the call that failed just says "transport failure")."""
+    """Why the broker refused this process's credentials or its TLS handshake failed, if so, in one
+    line naming what to check. With ``bootstrap_servers``, and SASL or TLS configured, a failure not
+    seen yet is looked for with a short-lived client (librdkafka reports it only to a polled client,
+    while the call that failed just says "transport failure")."""
     if _authentication_failure is None and bootstrap_servers and \
-            connection_properties().get("security.protocol", "").upper().startswith("SASL"):
+            connection_properties().get("security.protocol", "PLAINTEXT").upper() != "PLAINTEXT":
         from confluent_kafka import Producer
 
         probe = Producer(client_config(bootstrap_servers, {"logger": logging.getLogger(__name__ + ".probe"),
@@ -145,15 +151,15 @@ def authentication_failure(bootstrap_servers: str | None = None, timeout: float 
         while _authentication_failure is None and time.monotonic() < deadline:
             probe.poll(0.1)
         probe.close()
-    return _authentication_failure
+    if _authentication_failure is None:
+        return None
+    kind, text = _authentication_failure
+    return f"Kafka {kind} failed ({text}); check {SECURITY_CHECKS[kind]}"
 
 
 def explain(exc: BaseException, bootstrap_servers: str | None = None) -> str:
-    """A Kafka failure in one line, naming refused credentials first (the cause, not its symptom)."""
-    failure = authentication_failure(bootstrap_servers)
-    if failure is not None:
-        return f"Kafka authentication failed ({failure}); check sasl.username and sasl.password"
-    return f"Kafka: {exc}"
+    """A Kafka failure in one line, naming refused credentials or TLS first (the cause, not its symptom)."""
+    return authentication_failure(bootstrap_servers) or f"Kafka: {exc}"
 
 
 def redacted(properties: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,9 @@
-"""trajbus on a broker that requires SASL credentials, as managed Kafka clusters do.
+"""trajbus on a broker that requires TLS and SASL credentials, as managed Kafka clusters do.
 
-The embedded broker is started with ``secure=True`` (a SASL/PLAIN listener only);
-every component takes the credentials from the environment (``TRAJBUS_KAFKA_CONFIG``),
-and wrong credentials are named, not a hang.
+The embedded broker is started with ``secure=True`` (a SASL/PLAIN over TLS listener only,
+its certificate signed by a CA of its own); every component takes the credentials and the
+CA from the environment (``TRAJBUS_KAFKA_CONFIG``), and wrong credentials or an untrusted
+certificate are named, not a hang.
 """
 
 from __future__ import annotations
@@ -87,6 +88,22 @@ def gateway_ready(url: str) -> bool:
         return httpx.get(f"{url}/ready", timeout=5).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_the_broker_serves_clients_over_tls_only(secured_broker, credentials, tmp_path: Path):
+    properties = Path(credentials).read_text()
+    assert "security.protocol=SASL_SSL" in properties and "ssl.ca.location=" in properties
+    untrusting = tmp_path / "no-ca.properties"  # the system's CAs never signed the broker's certificate
+    untrusting.write_text("".join(line + "\n" for line in properties.splitlines()
+                                  if not line.startswith("ssl.ca.location=")))
+    result = trajbus("topics", "--bootstrap-servers", secured_broker.bootstrap_servers,
+                     env={CONFIG_FILE_VAR: str(untrusting)}, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Kafka TLS handshake failed" in result.stderr and "check ssl.ca.location" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    plaintext = trajbus("topics", "--bootstrap-servers", secured_broker.bootstrap_servers,
+                        env={CONFIG_FILE_VAR: ""}, timeout=120)
+    assert plaintext.returncode != 0, "a plaintext client must not get in"
 
 
 def test_wrong_credentials_are_named(secured_broker, credentials, prefix, scripted_engine, tiny_model_dir,
