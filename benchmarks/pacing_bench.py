@@ -24,14 +24,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def measure(paced: bool, bootstrap_servers: str, report_dir: Path) -> dict:
     config = load_demo_config()
     if not paced:
-        config.gateway.max_backlog_groups = config.gateway.max_staleness = None
+        config.gateway.update(max_backlog_groups=None, max_staleness=None)
     config.report = report_dir / ("paced.png" if paced else "unpaced.png")
     outcome = DemoOutcome()
     if run_demo(config, bootstrap_servers, outcome) != 0:
         raise RuntimeError("the demo failed")
     trained = sum(r.groups for r in outcome.records)
-    return {"pacing": paced, "max_backlog_groups": config.gateway.max_backlog_groups,
-            "max_queue_size": config.worker.max_queue_size, "groups_trained": trained,
+    return {"pacing": paced, "max_backlog_groups": config.gateway["max_backlog_groups"],
+            "max_queue_size": config.worker["max_queue_size"], "groups_trained": trained,
             "rows_trained": sum(r.rows for r in outcome.records), "episodes_generated": outcome.episodes,
             "dropped": outcome.drops, "refusals_429": outcome.refusals, "held": outcome.held,
             "trainer_wait_s": sum(r.wait_seconds for r in outcome.records),

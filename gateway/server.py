@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.verbose)
     try:
         apply_connection_arguments(args)
-    except KafkaConfigError as exc:
+        settings = settings_from_args(args)
+    except (KafkaConfigError, ValueError) as exc:
         print(f"trajbus gateway: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return serve(settings_from_args(args))
+    return serve(settings)

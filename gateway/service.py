@@ -65,7 +65,7 @@ class GatewayService:
         self.producer: StepProducer | None = None
         self.bootstrap_servers: str | None = None
         self.policy: PolicyWatcher | None = None
-        self.admission = Admission(settings.admission, settings.channel_admission, settings.idle_timeout,
+        self.admission = Admission(settings.admission, settings.admission_by_channel, settings.idle_timeout,
                                    self.metrics)
         self.backlog: BacklogMonitor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -33,7 +33,22 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from trajbus.infra.declared import add_flags, resolve, setting
+
 log = logging.getLogger("trajbus.inference_server")
+ENV_PREFIX = "TRAJBUS_INFERENCE_"
+
+
+@dataclass
+class InferenceServerSettings:
+    """The server's settings: a flag each (``python -m trajbus.infra.inference_server`` and
+    ``trajbus inference-server`` share them) and a ``TRAJBUS_INFERENCE_*`` variable."""
+
+    model_dir: Path | None = setting(None, help="a Hugging Face causal LM directory (off: the tiny chat model)")
+    served_model_name: str = setting("trajbus-tiny-chat", help="model name in responses")
+    host: str = setting("127.0.0.1", help="interface to listen on")
+    port: int = setting(8000, help="port to listen on")
+    device: str | None = setting(None, help="torch device (off: cuda when available, else cpu)")
 
 
 @dataclass
@@ -351,27 +366,32 @@ def _sse(payload: dict) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def serve(settings: InferenceServerSettings) -> int:
+    """Load the model (the tiny one unless ``model_dir``) and serve until SIGTERM/SIGINT."""
     import uvicorn
 
-    parser = argparse.ArgumentParser(prog="python -m trajbus.infra.inference_server",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--model-dir", help="a Hugging Face causal LM directory (default: the tiny chat model)")
-    parser.add_argument("--served-model-name", default="trajbus-tiny-chat")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
-    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     from trajbus.infra import tiny_model
 
-    model_dir = Path(args.model_dir) if args.model_dir else tiny_model.build()
-    engine = Engine(model_dir, args.device)
-    log.info("serving %s from %s on %s (http://%s:%d)", args.served_model_name, model_dir, engine.device,
-             args.host, args.port)
-    uvicorn.run(create_app(engine, args.served_model_name), host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=10)
+    model_dir = settings.model_dir or tiny_model.build()
+    engine = Engine(model_dir, settings.device)
+    log.info("serving %s from %s on %s (http://%s:%d)", settings.served_model_name, model_dir, engine.device,
+             settings.host, settings.port)
+    uvicorn.run(create_app(engine, settings.served_model_name), host=settings.host, port=settings.port,
+                log_level="warning", timeout_graceful_shutdown=10)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trajbus.infra.inference_server",
+                                     description=__doc__.split("\n")[0])
+    add_flags(parser, InferenceServerSettings, ENV_PREFIX)
+    args = parser.parse_args(argv)
+    try:
+        settings = InferenceServerSettings(**resolve(InferenceServerSettings, args, ENV_PREFIX))
+    except ValueError as exc:
+        parser.error(str(exc))
+    return serve(settings)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,16 @@ from typing import Callable
 
 from confluent_kafka import KafkaException
 
-from trajbus.infra.arguments import positive_float, positive_int
+from trajbus.infra.arguments import positive_int
 from trajbus.infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
+from trajbus.infra.declared import add_flags, resolve, setting_value
 from trajbus.infra.kafka_broker import BrokerError, EmbeddedKafka
 from trajbus.infra.kafka_config import (KafkaConfigError, KafkaUnreachable, add_connection_arguments,
                                         apply_connection_arguments, authentication_failure, explain)
 from trajbus.infra.logs import configure_logging
 from trajbus.infra.topics import consumer_groups_lag, describe_topics, ensure_topics
+from trajbus.streams.settings import ENV_PREFIX as WORKER_ENV
+from trajbus.streams.settings import ChannelSettings, WorkerSettings
 from trajbus.streams.topics import DEFAULT_CHANNELS, DEFAULT_PREFIX, TopicSettings, channel_setting, validate_channel
 
 EXIT_USAGE = 2
@@ -68,7 +71,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
         state = broker.start(fresh=args.fresh)
         print(f"{state.version} running, pid {state.pid}, log {state.log_file}")
         if state.client_properties:
-            print(f"SASL/PLAIN only; credentials: export TRAJBUS_KAFKA_CONFIG={state.client_properties}")
+            print(f"SASL/PLAIN over TLS only; credentials and CA: "
+                  f"export TRAJBUS_KAFKA_CONFIG={state.client_properties}")
         print(state.bootstrap_servers)  # the last line is the address, by contract
         return 0
     if args.action == "down":
@@ -111,48 +115,20 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 # -- worker ---------------------------------------------------------------------
 
-def _setting_value(name: str, text: str) -> object:
-    """Convert a command-line value to the type of the ChannelSettings field ``name``."""
-    from trajbus.streams.settings import ChannelSettings
-
-    if text.lower() in ("none", "off", ""):
-        return None
-    default = getattr(ChannelSettings, name, None)
-    if name not in ChannelSettings.__dataclass_fields__:
-        raise UsageError(f"{name}: not a channel setting")
-    kind = type(default) if default is not None else {"max_staleness": int, "group_timeout": float,
-                                                       "max_queue_size": int}.get(name, str)
-    try:
-        if kind is bool:
-            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(text)
-            return text.lower() in ("true", "1", "yes")
-        return kind(text)
-    except ValueError:
-        expected = {int: "an integer", float: "a number", bool: "true or false"}.get(kind, "text")
-        raise UsageError(f"{name}: expected {expected}, got {text!r}") from None
-
-
 def cmd_worker(args: argparse.Namespace) -> int:
-    from trajbus.streams.settings import ChannelSettings, WorkerSettings
     from trajbus.streams.worker import run_worker
 
     try:
-        default = ChannelSettings(
-            n_rollouts=args.n_rollouts, max_staleness=args.max_staleness, stale_action=args.stale_action,
-            drop_equal_rewards=args.drop_equal_rewards, group_filter=args.group_filter,
-            group_timeout=args.group_timeout, min_rollouts=args.min_rollouts, max_queue_size=args.max_queue_size,
-        )
+        default = ChannelSettings(**resolve(ChannelSettings, args, WORKER_ENV))
         changes: dict[str, dict[str, object]] = {}
         for channel, name, value in args.channel_setting or []:
-            changes.setdefault(channel, {})[name] = _setting_value(name, value)
+            changes.setdefault(channel, {})[name] = setting_value(ChannelSettings, name, value, "channel setting")
         overrides = {channel: default.replace(**change) for channel, change in changes.items()}
         settings = WorkerSettings(topics=_topic_settings(args), channels=args.channels, default=default,
-                                  overrides=overrides, metrics_port=args.metrics_port,
-                                  metrics_host=args.metrics_host)
+                                  overrides=overrides, **resolve(WorkerSettings, args, WORKER_ENV))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    run_worker(settings, args.bootstrap_servers, loglevel=args.faust_loglevel, outage_limit=args.broker_outage_limit)
+    run_worker(settings, args.bootstrap_servers)
     return 0
 
 
@@ -203,16 +179,21 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from trajbus.gateway.config import settings_from_args
     from trajbus.gateway.server import serve
 
-    return serve(settings_from_args(args))
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return serve(settings)
 
 
 def cmd_inference_server(args: argparse.Namespace) -> int:
-    from trajbus.infra.inference_server import main as serve_model
+    from trajbus.infra.inference_server import ENV_PREFIX, InferenceServerSettings, serve
 
-    forwarded = ["--host", args.host, "--port", str(args.port), "--served-model-name", args.served_model_name]
-    if args.model_dir:
-        forwarded += ["--model-dir", args.model_dir]
-    return serve_model(forwarded)
+    try:
+        settings = InferenceServerSettings(**resolve(InferenceServerSettings, args, ENV_PREFIX))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return serve(settings)
 
 
 # -- tail -----------------------------------------------------------------------
@@ -304,8 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
                                             "(default: $TRAJBUS_STATE_DIR or ~/.cache/trajbus/broker)")
     broker.add_argument("--fresh", action="store_true", help="wipe the data directory before starting")
     broker.add_argument("--secure", action="store_true",
-                        help="serve clients on a SASL/PLAIN listener only (credentials in the state directory's "
-                             "client.properties), as a managed cluster does")
+                        help="serve clients on a SASL/PLAIN over TLS listener only (credentials and CA in the state "
+                             "directory's client.properties), as a managed cluster does")
     broker.add_argument("--engine", choices=["kafka", "tansu"], default="kafka",
                         help="kafka: Apache Kafka (needs Java); tansu: the pip-only Tansu binary, memory only, "
                              "no retention, no transactions, no timestamp look-ups (default: %(default)s)")
@@ -319,26 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="the Faust stream processor that assembles prompt groups")
     _add_common(worker)
     rules = worker.add_argument_group("channel rules (defaults for every channel)")
-    rules.add_argument("--n-rollouts", type=positive_int, default=4,
-                       help="group size when a group registers none (default: %(default)s)")
-    rules.add_argument("--max-staleness", type=int, help="policy versions a group may lag the policy topic")
-    rules.add_argument("--stale-action", choices=["drop", "tag"], default="drop")
-    rules.add_argument("--drop-equal-rewards", action="store_true", help="drop groups with no reward variance")
-    rules.add_argument("--group-filter", help="dotted path of f(group) -> bool | (bool, reason)")
-    rules.add_argument("--group-timeout", type=float, help="seconds until a group is emitted partially or dropped")
-    rules.add_argument("--min-rollouts", type=positive_int, default=1,
-                       help="complete trajectories a timed-out group needs to be emitted (default: %(default)s)")
-    rules.add_argument("--max-queue-size", type=positive_int,
-                       help="ready groups the trainer may lag before the oldest are dropped")
+    add_flags(rules, ChannelSettings, WORKER_ENV)
     rules.add_argument("--channel-setting", type=channel_setting, action="append", metavar="CHANNEL.SETTING=VALUE",
                        help="override one rule for one channel, e.g. val.n_rollouts=1 (repeatable)")
-    worker.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on PORT")
-    worker.add_argument("--metrics-host", default="127.0.0.1", help="interface of the metrics server "
-                                                                    "(default: %(default)s; 0.0.0.0 in a container)")
-    worker.add_argument("--faust-loglevel", default="WARNING")
-    worker.add_argument("--broker-outage-limit", type=positive_float, default=120.0,
-                        help="seconds the worker waits for an unreachable Kafka (then starts again where it "
-                             "was) before it exits non-zero for a supervisor (default: %(default)s)")
+    add_flags(worker, WorkerSettings, WORKER_ENV)
     worker.set_defaults(func=cmd_worker)
 
     stats = sub.add_parser("stats", help="statistics of the stream workers, per channel")
@@ -355,10 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve_model = sub.add_parser("inference-server",
                                  help="a local vLLM-compatible server of the tiny chat model (tests, demo)")
-    serve_model.add_argument("--model-dir", help="a Hugging Face causal LM directory (default: the tiny model)")
-    serve_model.add_argument("--served-model-name", default="trajbus-tiny-chat")
-    serve_model.add_argument("--host", default="127.0.0.1")
-    serve_model.add_argument("--port", type=int, default=8000)
+    from trajbus.infra.inference_server import ENV_PREFIX as INFERENCE_ENV, InferenceServerSettings
+
+    add_flags(serve_model, InferenceServerSettings, INFERENCE_ENV)
     serve_model.set_defaults(func=cmd_inference_server)
 
     tail = sub.add_parser("tail", help="print a topic's records live, readable (or --json)")

@@ -106,28 +106,14 @@ def start_services(config: DemoConfig, bootstrap_servers: str, prefix: str, work
                    services: list[ServiceProcess]) -> tuple[str, str]:
     """Worker, inference server and gateway (appended to ``services`` as they start); their URLs once ready."""
     group_size = config.rollout.env_groups[0].group_size
-    worker_extra = []
-    if config.worker.max_staleness is not None:
-        worker_extra += ["--max-staleness", str(config.worker.max_staleness)]
-    if config.worker.max_queue_size is not None:
-        worker_extra += ["--max-queue-size", str(config.worker.max_queue_size)]
-    if config.worker.group_filter:
-        worker_extra += ["--group-filter", config.worker.group_filter]
     services.append(worker_process(bootstrap_servers, prefix, workdir / "worker.log", channels="train",
-                                   n_rollouts=group_size, extra=worker_extra).start(own_session=True))
+                                   n_rollouts=group_size, extra=config.worker_flags()).start(own_session=True))
     server_port, gateway_port = free_port(), free_port()
     server = inference_server_process(server_port, workdir / "inference.log", policy_dir).start(own_session=True)
     services.append(server)
-    gateway_extra = ["--prompt-length", str(config.gateway.prompt_length),
-                     "--response-length", str(config.gateway.response_length)]
-    if config.gateway.reward_function:
-        gateway_extra += ["--reward-function", config.gateway.reward_function]
-    for flag, value in (("--max-backlog-groups", config.gateway.max_backlog_groups),
-                        ("--max-staleness", config.gateway.max_staleness)):
-        if value is not None:
-            gateway_extra += [flag, str(value)]
     gateway = gateway_process(bootstrap_servers, prefix, [f"127.0.0.1:{server_port}"], policy_dir, gateway_port,
-                              workdir / "gateway-state", workdir / "gateway.log", gateway_extra).start(own_session=True)
+                              workdir / "gateway-state", workdir / "gateway.log", config.gateway_flags())
+    gateway.start(own_session=True)
     services.append(gateway)
     server_url, gateway_url = f"http://127.0.0.1:{server_port}", f"http://127.0.0.1:{gateway_port}"
     wait_http(f"{server_url}/health", 180, server)

@@ -13,8 +13,10 @@ from typing import Any
 
 import yaml
 
+from trajbus.gateway.config import GatewaySettings
+from trajbus.infra.declared import check_values, to_flags
 from trajbus.pipelines.global_dataset import GlobalDataset
-from trajbus.streams.settings import import_dotted
+from trajbus.streams.settings import ChannelSettings, WorkerSettings, import_dotted
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
 ENVS = ("math", "calculator")
@@ -44,22 +46,12 @@ class Trainer:
     fetch_timeout: float = 180.0
 
 
-@dataclass
-class Worker:
-    max_staleness: int | None = 2
-    max_queue_size: int | None = 6
-    group_filter: str | None = None
-
-
-@dataclass
-class Gateway:
-    prompt_length: int = 512
-    response_length: int = 48
-    reward_function: str | None = None
-    max_backlog_groups: int | None = 6
-    """Pacing: new trajectories wait while the trainer's backlog is at this many groups (None: off)."""
-    max_staleness: int | None = 2
-    """Pacing: new trajectories wait while they would start more versions behind the trainer (None: off)."""
+WORKER_SETTINGS = (ChannelSettings, WorkerSettings)
+GATEWAY_SETTINGS = (GatewaySettings,)
+DEMO_WORKER = {"max_staleness": 2, "max_queue_size": 6}
+"""The demo's worker settings unless its file says otherwise (any worker flag's setting may be given)."""
+DEMO_GATEWAY = {"prompt_length": 512, "response_length": 48, "max_backlog_groups": 6, "max_staleness": 2}
+"""The demo's gateway settings unless its file says otherwise (any gateway flag's setting may be given)."""
 
 
 @dataclass
@@ -69,8 +61,16 @@ class DemoConfig:
     datasets: dict[str, Path] = field(default_factory=dict)
     rollout: Rollout = field(default_factory=Rollout)
     trainer: Trainer = field(default_factory=Trainer)
-    worker: Worker = field(default_factory=Worker)
-    gateway: Gateway = field(default_factory=Gateway)
+    worker: dict[str, Any] = field(default_factory=lambda: dict(DEMO_WORKER))
+    """Settings of the worker, by the names of its flags' fields (``worker_flags``)."""
+    gateway: dict[str, Any] = field(default_factory=lambda: dict(DEMO_GATEWAY))
+    """Settings of the gateway, by the names of its flags' fields (``gateway_flags``)."""
+
+    def worker_flags(self) -> list[str]:
+        return to_flags(WORKER_SETTINGS, self.worker)
+
+    def gateway_flags(self) -> list[str]:
+        return to_flags(GATEWAY_SETTINGS, self.gateway)
     report: Path = Path("demo-report.png")
 
 
@@ -84,6 +84,15 @@ def _section(cls: type, data: Any, where: str) -> Any:
         if key not in known:
             raise ValueError(f"{where}.{key}: unknown setting (known: {', '.join(known)})")
     return cls(**data)
+
+
+def _settings(classes: tuple[type, ...], data: Any, where: str) -> dict[str, Any]:
+    """A section of a component's settings, checked against its settings classes (as its flags are)."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+    return check_values(classes, data, where)
 
 
 def load_demo_config(path: str | Path | None = None) -> DemoConfig:
@@ -101,8 +110,8 @@ def load_demo_config(path: str | Path | None = None) -> DemoConfig:
     config.rollout.env_groups = [_section(EnvGroup, g, f"rollout.env_groups[{i}]")
                                  for i, g in enumerate(config.rollout.env_groups or [])]
     config.trainer = _section(Trainer, raw.get("trainer"), "trainer")
-    config.worker = _section(Worker, raw.get("worker"), "worker")
-    config.gateway = _section(Gateway, raw.get("gateway"), "gateway")
+    config.worker = {**DEMO_WORKER, **_settings(WORKER_SETTINGS, raw.get("worker"), "worker")}
+    config.gateway = {**DEMO_GATEWAY, **_settings(GATEWAY_SETTINGS, raw.get("gateway"), "gateway")}
     config.datasets = {name: (path.parent / p).resolve() for name, p in (config.datasets or {}).items()}
     config.report = Path(config.report)
     _check(config)
@@ -132,11 +141,7 @@ def _check(config: DemoConfig) -> None:
             for key in ("prompt", "label"):
                 if key not in item:
                     raise ValueError(f"datasets.{name}: record {number} of {dataset_path} has no {key!r}")
-    for name in ("max_backlog_groups", "max_staleness"):
-        value = getattr(config.gateway, name)
-        if value is not None and (type(value) is not int or value < 1):
-            raise ValueError(f"gateway.{name}: expected a positive integer or null, got {value!r}")
-    for where, dotted in (("worker.group_filter", config.worker.group_filter),
-                          ("gateway.reward_function", config.gateway.reward_function)):
+    for where, dotted in (("worker.group_filter", config.worker.get("group_filter")),
+                          ("gateway.reward_function", config.gateway.get("reward_function"))):
         if dotted:
             import_dotted(dotted, where)

@@ -1,10 +1,11 @@
-"""The Faust classes trajbus adapts: an app whose producer is idempotent, and a table keyed by partition.
+"""The Faust classes trajbus adapts: an idempotent producer, and a table keyed by partition.
 
-A retried send must be written once. Faust turns on producer idempotence only with ``processing_guarantee="exactly_once"``
-(transactions, which Tansu lacks and which cost a round trip per commit). Without it,
-a send whose acknowledgement is lost to a broker restart is retried and lands twice:
-a ready group would reach the trainer twice (seen in the broker-restart test). With
-idempotence the broker drops the retry by its producer id and sequence number.
+A retried send must be written once. Faust turns on producer idempotence only with
+``processing_guarantee="exactly_once"`` (transactions, which Tansu lacks and which cost
+a round trip per commit). Without it, a send whose acknowledgement is lost to a broker
+restart is retried and lands twice: a ready group would reach the trainer twice (seen
+in the broker-restart test). With idempotence the broker drops the retry by its
+producer id and sequence number.
 """
 
 from __future__ import annotations

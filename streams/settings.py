@@ -8,9 +8,13 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from trajbus.infra.arguments import positive_float, positive_int
+from trajbus.infra.declared import setting
 from trajbus.streams.topics import DEFAULT_CHANNELS, TopicSettings, validate_channel
 
 STALE_ACTIONS = ("drop", "tag")
+ENV_PREFIX = "TRAJBUS_WORKER_"
+"""The worker's settings (its own and the channels' defaults) as environment variables."""
 
 
 def import_dotted(path: str, what: str = "group_filter") -> Any:
@@ -26,23 +30,26 @@ def import_dotted(path: str, what: str = "group_filter") -> Any:
 
 @dataclass(frozen=True)
 class ChannelSettings:
-    """Assembly and filtering rules of one channel; every field has a safe default."""
+    """Assembly and filtering rules of one channel; every field has a safe default.
 
-    n_rollouts: int = 4
-    """Group size when a group registers none."""
-    max_staleness: int | None = None
-    """Drop (or tag) groups whose oldest policy_version is more than this behind the policy topic."""
-    stale_action: str = "drop"
-    drop_equal_rewards: bool = False
-    """Drop groups whose trajectories all have the same reward: GRPO learns nothing from them."""
-    group_filter: str | None = None
-    """Dotted path of ``f(group: ReadyGroup) -> bool | tuple[bool, str]``; False drops the group."""
-    group_timeout: float | None = None
-    """Seconds from a group's first event until it is emitted partially or dropped."""
-    min_rollouts: int = 1
-    """Complete trajectories a timed-out group needs to be emitted as ``partial``."""
-    max_queue_size: int | None = None
-    """Ready groups the trainer may fall behind before the oldest are dropped from the log."""
+    Each field is a worker flag (the default of every channel), a ``--channel-setting
+    CHANNEL.FIELD=VALUE`` (one channel) and a ``TRAJBUS_WORKER_<FIELD>`` variable."""
+
+    n_rollouts: int = setting(4, parse=positive_int, help="group size when a group registers none")
+    max_staleness: int | None = setting(
+        None, help="drop (or tag) groups whose oldest policy_version is more than N behind the policy topic")
+    stale_action: str = setting("drop", choices=STALE_ACTIONS, help="what happens to a stale group")
+    drop_equal_rewards: bool = setting(
+        False, help="drop groups whose trajectories all have the same reward: GRPO learns nothing from them")
+    group_filter: str | None = setting(
+        None, help="dotted path of f(group: ReadyGroup) -> bool | (bool, reason); False drops the group")
+    group_timeout: float | None = setting(
+        None, parse=positive_float, help="seconds from a group's first event until it is emitted partially or dropped")
+    min_rollouts: int = setting(
+        1, parse=positive_int, help="complete trajectories a timed-out group needs to be emitted as partial")
+    max_queue_size: int | None = setting(
+        None, parse=positive_int,
+        help="ready groups the trainer may fall behind before the oldest are dropped from the log")
 
     def __post_init__(self) -> None:
         def positive(name: str, value: Any, allow_none: bool = False) -> None:
@@ -87,14 +94,18 @@ class WorkerSettings:
     channels: tuple[str, ...] = DEFAULT_CHANNELS
     default: ChannelSettings = field(default_factory=ChannelSettings)
     overrides: dict[str, ChannelSettings] = field(default_factory=dict)
-    stats_interval: float = 2.0
-    """Seconds between statistics snapshots (Kafka topic and Prometheus gauges)."""
-    metrics_port: int | None = None
-    """Serve Prometheus metrics on this port (0: any free port)."""
-    metrics_host: str = "127.0.0.1"
-    """Interface of the metrics server (0.0.0.0 in a container, for the scraper)."""
-    emitted_ttl: float = 24 * 3600.0
-    """Seconds an emitted group is remembered: its late events go to the DLQ, not into a new group."""
+    stats_interval: float = setting(
+        2.0, parse=positive_float, help="seconds between statistics snapshots (Kafka topic and Prometheus gauges)")
+    metrics_port: int | None = setting(None, help="serve Prometheus metrics on this port (0: any free port)")
+    metrics_host: str = setting(
+        "127.0.0.1", help="interface of the metrics server (0.0.0.0 in a container, for the scraper)")
+    emitted_ttl: float = setting(
+        24 * 3600.0, parse=positive_float,
+        help="seconds an emitted group is remembered: its late events go to the DLQ, not into a new group")
+    broker_outage_limit: float = setting(
+        120.0, parse=positive_float,
+        help="seconds Kafka may be unreachable before the worker exits non-zero for a supervisor")
+    faust_loglevel: str = setting("WARNING", help="log level of Faust and its Kafka clients")
 
     def __post_init__(self) -> None:
         if isinstance(self.channels, str):

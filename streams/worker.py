@@ -91,10 +91,10 @@ def _lost_kafka(exc: BaseException | None) -> bool:
     return False
 
 
-def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None, loglevel: str = "WARNING",
-               outage_limit: float = 120.0) -> None:
+def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None) -> None:
     """Provision the topics, then process until SIGINT/SIGTERM (graceful shutdown); through outages of
-    Kafka up to ``outage_limit`` seconds (``KafkaUnreachable`` past it)."""
+    Kafka up to ``settings.broker_outage_limit`` seconds (``KafkaUnreachable`` past it)."""
+    outage_limit = settings.broker_outage_limit
     servers = resolve_bootstrap_servers(bootstrap_servers)
     log.info("worker connecting bootstrap=%s connection=%s", servers, redacted(connection_properties()))
     _provision(servers, settings, outage_limit)
@@ -103,7 +103,7 @@ def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None, l
         # Faust applies its loglevel to the handler, so the handler takes INFO and the
         # logger configuration decides what each library may say.
         worker = faust.Worker(app, loglevel="INFO", quiet=True, redirect_stdouts=False,
-                              logging_config=_logging_config(loglevel))
+                              logging_config=_logging_config(settings.faust_loglevel))
         assembler.start()
         outage = OutageWatch(servers, outage_limit, _give_up, what="worker").start()
         try:

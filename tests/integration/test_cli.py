@@ -9,11 +9,12 @@ from tests.helpers import trajbus
 
 @pytest.mark.parametrize("args, says", [
     (["worker", "--channel-setting", "train.bogus=1"], "bogus: not a channel setting"),
-    (["worker", "--channel-setting", "train.n_rollouts=many"], "n_rollouts: expected an integer, got 'many'"),
+    (["worker", "--channel-setting", "train.n_rollouts=many"], "n_rollouts: expected a positive integer, got 'many'"),
     (["worker", "--channel-setting", "val.n_rollouts=2", "--channels", "train"], "'val'"),
     (["worker", "--group-filter", "no_such_module.keep"], "group_filter: cannot import 'no_such_module.keep'"),
-    (["worker", "--stale-action", "shrug"], "invalid choice: 'shrug'"),
+    (["worker", "--stale-action", "shrug"], "--stale-action: expected one of drop, tag, got 'shrug'"),
     (["worker", "--n-rollouts", "0"], "expected a positive integer"),
+    (["worker", "--max-staleness", "-1"], "max_staleness: must be a non-negative integer, got -1"),
     (["topics", "--channels", "Not A Channel"], "is not a valid channel name"),
     (["gateway", "--tokenizer-path", "t"], "--vllm-addresses"),
     (["gateway", "--vllm-addresses", "h:1", "--tokenizer-path", "t", "--prompt-length", "-5"],

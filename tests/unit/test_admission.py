@@ -56,7 +56,7 @@ def test_per_channel_limits_override_the_defaults():
                                         "--channel-admission", "val.max_backlog_groups=off",
                                         "--channel-admission", "val.max_staleness=1"))
     assert settings.admission == AdmissionRules(8, None)
-    assert settings.channel_admission == {"val": AdmissionRules(None, 1)}
+    assert settings.admission_by_channel == {"val": AdmissionRules(None, 1)}
 
 
 def admission(mark: int, ready: int | None) -> Admission:

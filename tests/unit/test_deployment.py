@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trajbus.gateway.config import ENV_PREFIX as GATEWAY_ENV
+from trajbus.gateway.config import GatewaySettings
+from trajbus.infra.declared import declared_fields, env_var
+from trajbus.infra.kafka_config import CONFIG_FILE_VAR, ENV_PREFIX as KAFKA_ENV
 from trajbus.pipelines.cli import build_parser
+from trajbus.pipelines.demo_config import load_demo_config
+from trajbus.streams.settings import ENV_PREFIX as WORKER_ENV
+from trajbus.streams.settings import ChannelSettings, WorkerSettings
 from trajbus.streams.topics import TopicSettings
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
@@ -23,13 +30,21 @@ def parses(args: list[str]) -> None:
         pytest.fail(f"not a valid trajbus command line: {args} (exit {exc.code})")
 
 
+def declared_variable(name: str) -> bool:
+    """A variable some trajbus component reads: the broker address, a Kafka client property, or a setting."""
+    components = ((GatewaySettings, GATEWAY_ENV), (ChannelSettings, WORKER_ENV), (WorkerSettings, WORKER_ENV))
+    settings = {env_var(prefix, f.name) for cls, prefix in components for f, _, _ in declared_fields(cls)}
+    return name in settings or name in ("TRAJBUS_BOOTSTRAP_SERVERS", CONFIG_FILE_VAR) or name.startswith(KAFKA_ENV)
+
+
 def test_compose_commands_and_environment_exist_in_the_code():
     compose = yaml.safe_load((INFRA / "deploy" / "compose.yaml").read_text())
     trajbus_services = {name: s for name, s in compose["services"].items() if s.get("image") == "trajbus:latest"}
     assert set(trajbus_services) == {"topics", "worker", "gateway"}
     for name, service in trajbus_services.items():
         parses(service["command"])
-        assert set(service["environment"]) == {"TRAJBUS_BOOTSTRAP_SERVERS"}
+        assert "TRAJBUS_BOOTSTRAP_SERVERS" in service["environment"]
+        assert all(declared_variable(name) for name in service["environment"]), service["environment"]
     assert compose["services"]["kafka"]["image"] == "apache/kafka:3.9.1"  # the version `trajbus broker` runs
     assert compose["services"]["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft
     assert trajbus_services["topics"]["command"][:2] == ["topics", "--create"]
@@ -44,7 +59,9 @@ def test_kubernetes_deployments_and_strimzi_topics_match_the_code():
     for deployment in deployments:
         for container in deployment["spec"]["template"]["spec"]["containers"]:
             parses(container["args"])
-            assert "TRAJBUS_BOOTSTRAP_SERVERS" in {e["name"] for e in container["env"]}
+            variables = {e["name"] for e in container["env"]}
+            assert "TRAJBUS_BOOTSTRAP_SERVERS" in variables
+            assert all(declared_variable(name) for name in variables), variables
             credentials = [source["secretRef"] for source in container["envFrom"]]  # TRAJBUS_KAFKA_* of a secret
             assert credentials == [{"name": "trajbus-kafka", "optional": True}]
     gateway = next(d for d in deployments if d["metadata"]["name"] == "trajbus-gateway")
@@ -58,6 +75,13 @@ def test_kubernetes_deployments_and_strimzi_topics_match_the_code():
     for name, spec in expected.items():
         assert topics[name]["partitions"] == spec.partitions, name
         assert {k: str(v) for k, v in topics[name]["config"].items()} == spec.config, name
+
+
+def test_the_demo_config_sets_only_declared_worker_and_gateway_settings():
+    config = load_demo_config()  # checked against the settings classes on load
+    parses(["worker", *config.worker_flags()])
+    parses(["gateway", "--vllm-addresses", "h:1", "--tokenizer-path", "t", *config.gateway_flags()])
+    assert not declared_variable("TRAJBUS_GATEWAY_PROMPT_LENGHT")
 
 
 def registered_metric_names() -> set[str]:
