@@ -36,7 +36,7 @@ def _addresses(text: str) -> list[str]:
         if not item:
             continue
         if not item.startswith(("http://", "https://")):
-            item = "http://" + item
+            item = f"http://{item}"
         addresses.append(item)
     if not addresses:
         raise argparse.ArgumentTypeError("expected at least one HOST:PORT")
@@ -59,10 +59,7 @@ def _channel_admission(text: str) -> tuple[str, str, int | None]:
 
 @dataclass
 class GatewaySettings:
-    """Every gateway setting: a flag each (``add_gateway_arguments``) and a ``TRAJBUS_GATEWAY_*`` variable.
-
-    The flags of the seed design (``--vllm-addresses``, ``--tokenizer-path``, ``--prompt-length``, ...)
-    keep their names, so a launcher written for it starts this gateway unchanged."""
+    """Every gateway setting: a flag each (``add_gateway_arguments``) and a ``TRAJBUS_GATEWAY_*`` variable."""
 
     vllm_addresses: list[str] = setting(
         parse=_addresses, help="comma-separated HOST:PORT of vLLM-compatible servers (round robin)")
@@ -105,7 +102,9 @@ class GatewaySettings:
     max_backlog_groups: int | None = setting(
         None, parse=positive_int,
         help="admission: admit a new trajectory only while the trainer's backlog (ready groups it has not "
-             "committed + groups in flight at every gateway) is under N groups")
+             "committed + groups in flight at every gateway) is under N groups; off unless set, because the right "
+             "mark depends on the trainer's batch: at least its groups per step, or the trainer waits for groups "
+             "never admitted")
     max_staleness: int | None = setting(
         None, parse=positive_int,
         help="admission: admit a new trajectory only if the policy version it starts at is at most N versions "

@@ -65,20 +65,25 @@ class DemoConfig:
     """Settings of the worker, by the names of its flags' fields (``worker_flags``)."""
     gateway: dict[str, Any] = field(default_factory=lambda: dict(DEMO_GATEWAY))
     """Settings of the gateway, by the names of its flags' fields (``gateway_flags``)."""
+    report: Path = Path("demo-report.png")
 
     def worker_flags(self) -> list[str]:
         return to_flags(WORKER_SETTINGS, self.worker)
 
     def gateway_flags(self) -> list[str]:
         return to_flags(GATEWAY_SETTINGS, self.gateway)
-    report: Path = Path("demo-report.png")
+
+
+def _mapping(data: Any, where: str) -> dict:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+    return data
 
 
 def _section(cls: type, data: Any, where: str) -> Any:
-    if data is None:
-        return cls()
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+    data = _mapping(data, where)
     known = {f.name: f for f in fields(cls)}
     for key in data:
         if key not in known:
@@ -88,11 +93,7 @@ def _section(cls: type, data: Any, where: str) -> Any:
 
 def _settings(classes: tuple[type, ...], data: Any, where: str) -> dict[str, Any]:
     """A section of a component's settings, checked against its settings classes (as its flags are)."""
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
-    return check_values(classes, data, where)
+    return check_values(classes, _mapping(data, where), where)
 
 
 def load_demo_config(path: str | Path | None = None) -> DemoConfig:
