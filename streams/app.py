@@ -63,6 +63,9 @@ log = logging.getLogger("trajbus.worker")
 SOURCE_PARTITION = "trajbus-source-partition"
 SOURCE_OFFSET = "trajbus-source-offset"
 DROP_TIMEOUT = "timeout"
+TOO_LARGE = "too_large"
+RECORD_OVERHEAD = 64 * 1024
+"""Bytes a group record may need beyond its value (key, headers, batch framing), with a wide margin."""
 CATCH_UP_AFTER = 3.0
 """Seconds without events on a partition before its log end is checked against our position."""
 EXPIRE_EVERY = 60.0
@@ -321,24 +324,43 @@ class GroupAssembler:
         verdict = judge(ready, rules, self.current_version(channel), self.filters[channel])
         if verdict.staleness is not None:
             self.metrics.staleness.labels(channel).observe(verdict.staleness)
-        if verdict.keep:
-            groups_partition, offset = await self.emit(partition, group, ready)
-            # Marker before watermark: both go to one changelog partition, in order, so
-            # a recovered watermark always implies the markers of the groups below it.
-            self.record_outcome(partition, group, "emitted")
-            self.advance_watermark(partition, channel, groups_partition, offset)
-        else:
+        if not verdict.keep:
             self.metrics.dropped.labels(channel, verdict.reason).inc()
             log.info("group dropped channel=%s prompt_uid=%s reason=%s", channel, group.prompt_uid, verdict.reason)
             self.record_outcome(partition, group, f"dropped ({verdict.reason})")
-
-    async def emit(self, partition: int, group: PendingGroup, ready: ReadyGroup) -> tuple[int, int]:
-        """Write the group and wait for the broker's acknowledgement; returns (partition, offset)."""
+            return
         ready.ready_at = time.time()
+        value = codec.encode(ready)
+        if len(value) + RECORD_OVERHEAD > self.settings.topics.max_message_bytes:
+            await self.refuse_oversized(partition, group, ready, len(value))
+            return
+        groups_partition, offset = await self.emit(partition, group, ready, value)
+        # Marker before watermark: both go to one changelog partition, in order, so
+        # a recovered watermark always implies the markers of the groups below it.
+        self.record_outcome(partition, group, "emitted")
+        self.advance_watermark(partition, channel, groups_partition, offset)
+
+    async def refuse_oversized(self, partition: int, group: PendingGroup, ready: ReadyGroup, size: int) -> None:
+        """A group no record can carry: its reason (not its body) to the DLQ, the group dropped; assembly of
+        every other group goes on (a send of it would fail, and stop the agent for all its partitions)."""
+        channel = group.channel
+        reason = (f"{TOO_LARGE}: group of {size} bytes ({len(ready.trajectory_uids)} trajectories, "
+                  f"{len(ready.steps)} steps) exceeds max.message.bytes {self.settings.topics.max_message_bytes}")
+        headers = dlq_headers(codec.headers_for(ready), reason, steps_topic(channel, self.prefix), partition,
+                              group.last_offset)
+        await (await self.dlq.send(key=ready.prompt_uid.encode(), value=None, headers=headers))
+        self.metrics.dlq.labels(channel, TOO_LARGE).inc()
+        self.metrics.dropped.labels(channel, TOO_LARGE).inc()
+        log.warning("group dropped channel=%s prompt_uid=%s reason=%s", channel, group.prompt_uid, reason)
+        self.record_outcome(partition, group, f"dropped ({TOO_LARGE})")
+
+    async def emit(self, partition: int, group: PendingGroup, ready: ReadyGroup, value: bytes) -> tuple[int, int]:
+        """Write the group (``value``, encoded) and wait for the broker's acknowledgement; returns (partition,
+        offset)."""
         headers = codec.headers_for(ready) + [
             (SOURCE_PARTITION, str(partition).encode()), (SOURCE_OFFSET, str(group.last_offset).encode()),
         ]
-        sent = await self.outputs[group.channel].send(key=ready.prompt_uid.encode(), value=codec.encode(ready),
+        sent = await self.outputs[group.channel].send(key=ready.prompt_uid.encode(), value=value,
                                                       headers=headers, timestamp=ready.ready_at)
         metadata = await sent  # the broker's acknowledgement, before the table says "emitted"
         self.metrics.groups.labels(group.channel, "emitted").inc()

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from kafka.partitioner.default import murmur2
 from confluent_kafka import Producer
 
 from trajbus.consumers import BatchConsumer
@@ -29,7 +30,7 @@ from trajbus.infra.topics import ensure_topics
 from trajbus.pipelines.synthetic import group_steps
 from tests.helpers import fetch_groups, read_to_end, trajbus, wait_for
 
-CHANNELS = "train,stale,tagged,flat,custom,timeout"
+CHANNELS = "train,stale,tagged,flat,custom,timeout,big"
 
 
 def _free_port() -> int:
@@ -80,6 +81,11 @@ def only_group(bootstrap_servers: str, prefix: str, channel: str, timeout: float
         group = fetch_groups(consumer, 1, timeout)[0]
         assert consumer.drain() == [], f"{channel}: a second group arrived"
     return group
+
+
+def steps_partition(prompt_uid: str) -> int:
+    """The steps partition of a prompt (the Java client's murmur2 partitioner, as StepProducer uses)."""
+    return (murmur2(prompt_uid.encode()) & 0x7FFFFFFF) % TopicSettings().steps_partitions
 
 
 def dlq_reasons(bootstrap_servers: str, prefix: str, channel: str) -> list[str]:
@@ -174,6 +180,28 @@ def test_duplicates_count_once_and_bad_events_go_to_dlq(bootstrap_servers, rules
     assert sum(r.startswith("late: group already emitted") for r in reasons) == 1
     assert sum(r.startswith("unknown_trajectory: nobody") for r in reasons) == 1
     assert sum(r.startswith("channel_mismatch: record says 'val'") for r in reasons) == 1
+
+
+def test_a_group_no_record_can_carry_goes_to_the_dlq_and_assembly_goes_on(bootstrap_servers, rules):
+    """Agentic sizes: 2 rollouts x 3 turns of 400k sampled tokens with log-probs, ~19 MB as one group
+    record, over the topics' 16 MiB max.message.bytes (every step alone fits)."""
+    prefix, producer = rules
+    rng = random.Random(12)
+    huge = a_group("huge", [0.0, 1.0], n_steps=3)
+    for step in huge:
+        step.response_ids = [rng.randrange(150000) for _ in range(400_000)]
+        step.rollout_log_probs = [-rng.random() * 5 for _ in range(400_000)]
+    same_partition = next(uid for uid in (f"after-{i}" for i in range(1000))
+                          if steps_partition(uid) == steps_partition("huge"))
+    producer.submit_steps(huge, channel="big")
+    producer.submit_steps(a_group(same_partition, [0.0, 1.0]), channel="big")
+    group = only_group(bootstrap_servers, prefix, "big")
+    assert group.prompt_uid == same_partition, "the next group of the same partition is still assembled"
+    reasons = wait_for(lambda: dlq_reasons(bootstrap_servers, prefix, "big"), 60, "the reason on the DLQ")
+    assert len(reasons) == 1 and reasons[0].startswith("too_large: group of ")
+    assert "(2 trajectories, 6 steps) exceeds max.message.bytes 16777216" in reasons[0]
+    wait_for(lambda: stats(bootstrap_servers, prefix, "big").get("groups_dropped[too_large]", 0) == 1, 30,
+             "the drop counted by reason")
 
 
 def test_stats_cli_reports_per_channel(bootstrap_servers, rules):

@@ -1,0 +1,205 @@
+"""The data path at agentic sizes (issue 12): end to end against raw Kafka, bytes against the distinct data.
+
+For each workload of ``agentic_workloads`` (single-turn, 12-turn; the long-context one
+with ``--long``), on one embedded broker in one run:
+- raw: the same encoded steps produced (acknowledged) and consumed back through a plain
+  topic of the same partitions: the baseline;
+- end to end: ``submit_steps`` (all groups in flight, turn by turn) -> worker ->
+  ``fetch_dataproto`` (verl rows), in steps/s and distinct tokens/s, and the ratio;
+- bytes on the broker's disk per topic (steps, groups, the worker's changelog) against the
+  bytes of the distinct token ids and log-probs (4 bytes each);
+- the worker's peak resident memory;
+- recovery (multi-turn): every group pending (all turns but the last sent and applied), the
+  worker SIGKILLed, a new one started, the last turns sent: seconds from the new worker's
+  start until every group is fetched.
+
+Prints a table and writes benchmarks/results/agentic.json. ``python -m benchmarks.agentic_bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from benchmarks.agentic_workloads import LONG_CONTEXT, MULTI_TURN, SINGLE_TURN, Workload, distinct_bytes, generate
+from benchmarks.assembly_bench import raw_round_trip
+from trajbus.consumers import BatchConsumer
+from trajbus.consumers.backends import VerlBackend
+from trajbus.infra.kafka_broker import EmbeddedKafka
+from trajbus.infra.topics import describe_topics, end_offsets_of
+from trajbus.pipelines.processes import ServiceProcess, worker_process
+from trajbus.streams import codec
+from trajbus.streams.producer import StepProducer
+from trajbus.streams.records import Step
+from trajbus.streams.stats import read_snapshots
+from trajbus.streams.topics import steps_topic
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FETCH_TIMEOUT = 300.0
+
+
+def topic_bytes(data_dir: Path, topic: str) -> int:
+    """Bytes of a topic's log segments on the broker's disk (every partition; before any compaction)."""
+    return sum(f.stat().st_size for d in data_dir.glob(f"{topic}-*") if d.name.rsplit("-", 1)[1].isdigit()
+               for f in d.glob("*.log"))
+
+
+def peak_memory_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def turn_by_turn(groups: list[list[Step]], turns: int) -> list[Step]:
+    """All groups in flight at once, as agents send: every group's turn 0, then every group's turn 1, ..."""
+    per_turn = [[s for s in group if s.step_index == turn] for turn in range(turns) for group in groups]
+    return [s for batch in per_turn for s in batch]
+
+
+def backend(workload: Workload) -> VerlBackend:
+    if workload.multi_turn:  # one row per trajectory: the task, then every turn's response and tool output
+        return VerlBackend(prompt_length=workload.task_tokens,
+                           response_length=workload.turns * (workload.response_tokens + workload.tool_tokens),
+                           row_mode="trajectory")
+    return VerlBackend(prompt_length=workload.task_tokens, response_length=workload.response_tokens)
+
+
+def end_to_end(bootstrap: str, prefix: str, workload: Workload, steps: list[Step], batch_groups: int) -> float:
+    """Seconds from the first submit to the last ``fetch_dataproto`` of every group."""
+    with StepProducer(bootstrap, prefix=prefix) as producer, \
+            BatchConsumer("train", bootstrap, prefix=prefix, backend=backend(workload)) as consumer:
+        consumer.fetch_group(timeout=1.0)  # join the group before the clock starts
+        start = time.perf_counter()
+        for first in range(0, len(steps), 64):
+            producer.submit_steps(steps[first:first + 64], channel="train")
+        for _ in range(workload.groups // batch_groups):
+            if consumer.fetch_dataproto(batch_groups, timeout=FETCH_TIMEOUT) is None:
+                raise RuntimeError(f"{workload.name}: a batch of {batch_groups} groups did not arrive")
+        return time.perf_counter() - start
+
+
+def applied(bootstrap: str, prefix: str, worker: ServiceProcess, ends: list[int]) -> bool:
+    """Whether the worker's published source positions reach ``ends`` (every step sent so far applied)."""
+    positions: dict[str, float] = {}
+    for snapshot in read_snapshots(bootstrap, prefix):
+        if f"-{worker.pid}-" in snapshot["worker_id"]:
+            for name, labels, value in snapshot["samples"]:
+                if name == "trajbus_worker_source_position":
+                    positions[labels["partition"]] = max(value, positions.get(labels["partition"], 0))
+    return all(positions.get(str(p), 0) >= end for p, end in enumerate(ends))
+
+
+def recovery(bootstrap: str, prefix: str, workload: Workload, workdir: Path) -> float:
+    """Seconds from a new worker's start (the old one SIGKILLed with every group pending) to all groups fetched."""
+    groups = generate(workload, seed=3, tag="rec-")
+    steps = turn_by_turn(groups, workload.turns)
+    last_turn = [s for s in steps if s.is_last]
+    worker = worker_process(bootstrap, prefix, workdir / "worker-killed.log", n_rollouts=workload.rollouts,
+                            extra=["--stats-interval", "0.5"]).start()
+    with StepProducer(bootstrap, prefix=prefix) as producer, \
+            BatchConsumer("train", bootstrap, prefix=prefix, group_id=f"{prefix}.recovery") as consumer:
+        producer.submit_steps([s for s in steps if not s.is_last], channel="train")
+        topic = steps_topic("train", prefix)
+        partitions = len(describe_topics(bootstrap, names=[topic])[0].end_offsets)
+        ends = list(end_offsets_of(bootstrap, [(topic, p) for p in range(partitions)]).values())
+        deadline = time.monotonic() + FETCH_TIMEOUT
+        while not applied(bootstrap, prefix, worker, ends):
+            if time.monotonic() > deadline:
+                raise RuntimeError("recovery: the first worker did not apply every pending step")
+            time.sleep(0.5)  # polls published positions until the deadline
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.process.wait()
+        successor = worker_process(bootstrap, prefix, workdir / "worker-recovered.log",
+                                   n_rollouts=workload.rollouts).start()
+        started = time.perf_counter()
+        try:
+            producer.submit_steps(last_turn, channel="train")
+            fetched = set()
+            while len(fetched) < workload.groups:
+                group = consumer.fetch_group(timeout=FETCH_TIMEOUT)
+                if group is None:
+                    raise RuntimeError(f"recovery: {len(fetched)} of {workload.groups} groups")
+                fetched.add(group.prompt_uid)
+            return time.perf_counter() - started
+        finally:
+            successor.stop()
+
+
+def run(workload: Workload, bootstrap: str, data_dir: Path | None, workdir: Path, batch_groups: int) -> dict:
+    """One workload: raw baseline, end to end, bytes per topic, the worker's peak memory."""
+    groups = generate(workload, seed=1)
+    steps = turn_by_turn(groups, workload.turns)
+    print(f"{workload.name}: {workload.describe()} ({len(steps)} steps) ...", flush=True)
+    raw_s = raw_round_trip(bootstrap, [(s.prompt_uid.encode(), codec.encode(s)) for s in steps], partitions=8)
+    prefix = f"bench-{workload.name}-{uuid.uuid4().hex[:6]}"
+    with StepProducer(bootstrap, prefix=prefix) as producer:
+        producer.provision("train")
+    worker = worker_process(bootstrap, prefix, workdir / f"worker-{workload.name}.log",
+                            n_rollouts=workload.rollouts).start()
+    try:
+        e2e_s = end_to_end(bootstrap, prefix, workload, steps, batch_groups)
+        memory = peak_memory_mb(worker.pid)
+    finally:
+        worker.stop()
+    distinct = distinct_bytes(workload)
+    tokens = distinct // 4 - workload.groups * workload.rollouts * workload.turns * workload.response_tokens
+    result = {"workload": workload.name, "shape": workload.describe(), "steps": len(steps),
+              "raw_steps_per_s": len(steps) / raw_s, "e2e_steps_per_s": len(steps) / e2e_s,
+              "e2e_distinct_tokens_per_s": tokens / e2e_s, "ratio": raw_s / e2e_s,
+              "worker_peak_mb": memory, "distinct_bytes": distinct}
+    if data_dir is not None:
+        result["bytes"] = {"steps": topic_bytes(data_dir, f"{prefix}.steps.train"),
+                           "groups": topic_bytes(data_dir, f"{prefix}.groups.train"),
+                           "changelog": topic_bytes(data_dir, f"{prefix}-worker-train-state-changelog")}
+    if workload is MULTI_TURN:
+        result["recovery_s"] = recovery(bootstrap, f"{prefix}-rec", workload, workdir)
+    return result
+
+
+def print_table(results: list[dict]) -> None:
+    print(f"\n{'workload':<13} {'raw steps/s':>11} {'e2e steps/s':>11} {'ratio':>6} {'tokens/s':>9} "
+          f"{'steps/dist':>10} {'groups/dist':>11} {'chlog/steps':>11} {'peak MB':>8} {'recovery s':>10}")
+    for r in results:
+        b = r.get("bytes", {})
+        per = (lambda k: f"{b[k] / r['distinct_bytes']:.2f}x") if b else (lambda k: "n/a")
+        changelog = f"{b['changelog'] / b['steps']:.2f}x" if b else "n/a"
+        recovered = f"{r['recovery_s']:.1f}" if "recovery_s" in r else "-"
+        print(f"{r['workload']:<13} {r['raw_steps_per_s']:>11.0f} {r['e2e_steps_per_s']:>11.1f} {r['ratio']:>5.2f}x "
+              f"{r['e2e_distinct_tokens_per_s']:>9.0f} {per('steps'):>10} {per('groups'):>11} {changelog:>11} "
+              f"{r['worker_peak_mb']:>8.0f} {recovered:>10}")
+    print("targets: single_turn ratio >= 0.5x; multi_turn ratio >= 1.0x, steps and groups <= 1.25x distinct, "
+          "changelog <= 0.25x steps, recovery <= 15 s")
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.agentic_bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--long", action="store_true", help="also the long-context workload (16 x 40 turns, 62k)")
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="trajbus-agentic-"))
+    broker, data_dir = None, None
+    bootstrap = os.environ.get("TRAJBUS_BOOTSTRAP_SERVERS")
+    if not bootstrap:  # a broker of our own: its disk says what each topic holds
+        broker = EmbeddedKafka(state_dir=workdir / "broker")
+        bootstrap = broker.start().bootstrap_servers
+        data_dir = broker.data_dir
+    plan = [(SINGLE_TURN, 8), (MULTI_TURN, 8)] + ([(LONG_CONTEXT, 1)] if args.long else [])
+    try:
+        results = [run(workload, bootstrap, data_dir, workdir, batch) for workload, batch in plan]
+    finally:
+        if broker is not None:
+            broker.stop()
+    print_table(results)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "agentic.json").write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()
