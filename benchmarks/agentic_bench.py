@@ -35,6 +35,7 @@ from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.infra.topics import describe_topics, end_offsets_of
 from trajbus.pipelines.processes import ServiceProcess, worker_process
 from trajbus.streams import codec
+from trajbus.streams.app import STATE_TABLE
 from trajbus.streams.producer import StepProducer
 from trajbus.streams.records import Step
 from trajbus.streams.stats import read_snapshots
@@ -101,6 +102,8 @@ def recovery(bootstrap: str, prefix: str, workload: Workload, workdir: Path) -> 
     groups = generate(workload, seed=3, tag="rec-")
     steps = turn_by_turn(groups, workload.turns)
     last_turn = [s for s in steps if s.is_last]
+    with StepProducer(bootstrap, prefix=prefix) as producer:
+        producer.provision("train")
     worker = worker_process(bootstrap, prefix, workdir / "worker-killed.log", n_rollouts=workload.rollouts,
                             extra=["--stats-interval", "0.5"]).start()
     with StepProducer(bootstrap, prefix=prefix) as producer, \
@@ -157,7 +160,7 @@ def run(workload: Workload, bootstrap: str, data_dir: Path | None, workdir: Path
     if data_dir is not None:
         result["bytes"] = {"steps": topic_bytes(data_dir, f"{prefix}.steps.train"),
                            "groups": topic_bytes(data_dir, f"{prefix}.groups.train"),
-                           "changelog": topic_bytes(data_dir, f"{prefix}-worker-train-state-changelog")}
+                           "changelog": topic_bytes(data_dir, f"{prefix}-worker-train-{STATE_TABLE}-changelog")}
     if workload is MULTI_TURN:
         result["recovery_s"] = recovery(bootstrap, f"{prefix}-rec", workload, workdir)
     return result

@@ -1,9 +1,12 @@
 """The Faust stream processor: step events in, ready prompt groups out, exactly once per group.
 
 One agent consumes ``{prefix}.steps.{channel}`` of every configured channel.
-All assembly state lives in one Faust table, ``state``, backed by a compacted
+All assembly state lives in one Faust table, ``assembly``, backed by a compacted
 changelog topic, so a worker that dies loses nothing and another worker can take
-its partitions over. Keys start with their source partition (see ``StateKey``):
+its partitions over. A pending group is stored as an index of its steps' source
+offsets (``PendingGroup``), so an event writes bytes in proportion to the group's
+step count, never its tokens; the bodies come from memory or the steps topic
+(``StepBodies``) when the group is emitted. Keys start with their source partition (see ``StateKey``):
 writes made outside an event (timeouts) still land in the right changelog
 partition, and all state of a partition is ordered in one changelog partition.
 
@@ -35,83 +38,44 @@ import json
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 from typing import Any, Callable
 
 import faust
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 from prometheus_client import start_http_server
 
-from trajbus.infra.topics import (consumer_group_lag, delete_records_before, describe_topics, end_offsets_of,
-                                  read_partition)
 from trajbus.infra.kafka_config import client_config, faust_credentials
+from trajbus.infra.topics import end_offsets_of
 from trajbus.streams import codec
 from trajbus.streams.assembly import Outcome, PendingGroup
+from trajbus.streams.bodies import StepBodies
 from trajbus.streams.dlq import dlq_headers
-from trajbus.streams.filters import judge
 from trajbus.streams.faust_app import IdempotentApp, PartitionKeyedTable
+from trajbus.streams.filters import judge
 from trajbus.streams.policy import PolicyWatcher
+from trajbus.streams.queue_bound import bound_queues
 from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
 from trajbus.streams.settings import WorkerSettings
+from trajbus.streams.state_keys import (SOURCE_OFFSET, SOURCE_PARTITION, SourceRecord, StateKey, emitted_past,
+                                        read_range)
 from trajbus.streams.stats import WorkerMetrics, encode_snapshot
-from trajbus.streams.topics import channel_of, dlq_topic, groups_topic, stats_topic, steps_topic, trainer_group_id
+from trajbus.streams.topics import channel_of, dlq_topic, groups_topic, stats_topic, steps_topic
 
 log = logging.getLogger("trajbus.worker")
 
-SOURCE_PARTITION = "trajbus-source-partition"
-SOURCE_OFFSET = "trajbus-source-offset"
 DROP_TIMEOUT = "timeout"
 TOO_LARGE = "too_large"
+STEPS_EXPIRED = "steps_expired"
 RECORD_OVERHEAD = 64 * 1024
 """Bytes a group record may need beyond its value (key, headers, batch framing), with a wide margin."""
 CATCH_UP_AFTER = 3.0
 """Seconds without events on a partition before its log end is checked against our position."""
 EXPIRE_EVERY = 60.0
-
-
-@dataclass(frozen=True)
-class StateKey:
-    """``{partition}|{kind}|{channel}|{prompt_uid}``: kind ``g`` pending group, ``e`` emitted
-    (or dropped) marker, ``w`` groups-topic watermark and ``o`` applied source offset of the
-    partition (these two without prompt_uid)."""
-
-    partition: int
-    kind: str
-    channel: str
-    prompt_uid: str = ""
-
-    def encode(self) -> bytes:
-        return f"{self.partition}|{self.kind}|{self.channel}|{self.prompt_uid}".encode()
-
-    @classmethod
-    def decode(cls, raw: bytes) -> "StateKey":
-        partition, kind, channel, prompt_uid = raw.decode().split("|", 3)
-        return cls(int(partition), kind, channel, prompt_uid)
-
-
-@dataclass(frozen=True)
-class SourceRecord:
-    """A steps-topic record read directly (not through Faust), shaped like Faust's message."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: list
-
-
-def read_range(bootstrap_servers: str, topic: str, partition: int, start: int, end: int) -> list[SourceRecord]:
-    """Records of one partition with ``start <= offset < end`` (fewer where the log has gaps)."""
-    consumer = Consumer(client_config(bootstrap_servers, {"group.id": "trajbus.read-range", "enable.auto.commit": False,
-                                                          "enable.partition.eof": True, "logger": log}))
-    try:
-        return [SourceRecord(topic, partition, m.offset(), m.key(), m.value(), list(m.headers() or []))
-                for m in read_partition(consumer, topic, partition, start, end)]
-    finally:
-        consumer.close()
+STATE_TABLE = "assembly"
+"""The table (and ``{app_id}-assembly-changelog``); named anew when its values changed meaning: a
+pending group is an index of source offsets now, no longer its steps."""
 
 
 def _broker_urls(bootstrap_servers: str) -> list[str]:
@@ -128,10 +92,11 @@ class GroupAssembler:
         self.prefix = settings.topics.prefix
         self.metrics = WorkerMetrics()
         self.state = app.tables.add(PartitionKeyedTable(
-            app, name="state", key_type=bytes, value_type=bytes, beacon=app.tables.beacon,
+            app, name=STATE_TABLE, key_type=bytes, value_type=bytes, beacon=app.tables.beacon,
             partitions=settings.topics.steps_partitions,
-            help="pending groups, emitted markers and groups-topic watermarks, by source partition",
+            help="pending groups' step indexes, emitted markers and groups-topic watermarks, by source partition",
         ))
+        self.bodies = StepBodies(settings.step_cache_bytes, self.read_steps, self.metrics.steps_read_back.inc)
         self.outputs = {c: app.topic(groups_topic(c, self.prefix), key_serializer="raw", value_serializer="raw")
                         for c in settings.channels}
         self.dlq = app.topic(dlq_topic(self.prefix), key_serializer="raw", value_serializer="raw")
@@ -149,6 +114,9 @@ class GroupAssembler:
         self._last_stats = 0.0
 
     # -- helpers -------------------------------------------------------------------
+    def read_steps(self, channel: str, partition: int, start: int, end: int) -> list[SourceRecord]:
+        return read_range(self.bootstrap_servers, steps_topic(channel, self.prefix), partition, start, end)
+
     def lock(self, partition: int) -> asyncio.Lock:
         return self.locks.setdefault(partition, asyncio.Lock())
 
@@ -295,13 +263,13 @@ class GroupAssembler:
             return
         key = StateKey(partition, "g", channel, record.prompt_uid).encode()
         stored = self.state.get(key)
-        group = PendingGroup.from_record(codec.decode(stored)) if stored is not None \
+        group = PendingGroup.decode(stored) if stored is not None \
             else PendingGroup(prompt_uid=record.prompt_uid, channel=channel)
         if message.offset <= group.last_offset:
             self.metrics.duplicates.labels(channel).inc()  # replayed past a lagging saved position
             return
         complete_before = len(group.complete_trajectories())
-        outcome = group.add(record, self.settings.channel(channel).n_rollouts)
+        outcome = group.add(record, message.offset, self.settings.channel(channel).n_rollouts)
         if outcome is Outcome.UNKNOWN_TRAJECTORY:
             await self.to_dlq(message, channel, f"unknown_trajectory: {record.trajectory_uid} has no steps")
             return
@@ -309,17 +277,26 @@ class GroupAssembler:
             self.metrics.duplicates.labels(channel).inc()
             return
         group.last_offset = message.offset
+        if isinstance(record, Step):
+            self.bodies.put((channel, partition), message.offset, message.value)
         self.metrics.trajectories.labels(channel).inc(len(group.complete_trajectories()) - complete_before)
         if outcome is Outcome.READY:
             await self.finish(partition, group, "complete")
         else:
-            self.state[key] = codec.encode(group.to_record())
+            self.state[key] = group.encode()
 
     async def finish(self, partition: int, group: PendingGroup, status: str) -> None:
         """Filter, emit (acknowledged), then record the outcome; the pending state goes."""
         channel = group.channel
         rules = self.settings.channel(channel)
-        ready = group.to_ready_group(rules.n_rollouts, status=status)
+        try:
+            bodies = await self.bodies.steps((channel, partition), group.chosen_offsets().values())
+        except LookupError as exc:
+            self.metrics.dropped.labels(channel, STEPS_EXPIRED).inc()
+            log.error("group dropped channel=%s prompt_uid=%s reason=%s", channel, group.prompt_uid, exc)
+            self.record_outcome(partition, group, f"dropped ({STEPS_EXPIRED})")
+            return
+        ready = group.to_ready_group(bodies, rules.n_rollouts, status=status)
         self.metrics.groups.labels(channel, "ready" if status == "complete" else status).inc()
         verdict = judge(ready, rules, self.current_version(channel), self.filters[channel])
         if verdict.staleness is not None:
@@ -373,6 +350,7 @@ class GroupAssembler:
         self.state[StateKey(partition, "e", group.channel, group.prompt_uid).encode()] = json.dumps(
             {"offset": group.last_offset, "at": time.time(), "outcome": outcome}).encode()
         self.state.pop(StateKey(partition, "g", group.channel, group.prompt_uid).encode(), None)
+        self.bodies.forget((group.channel, partition), group.offsets())
 
     def advance_watermark(self, partition: int, channel: str, groups_partition: int, offset: int) -> None:
         key = StateKey(partition, "w", channel).encode()
@@ -394,33 +372,19 @@ class GroupAssembler:
             return
         for channel in self.settings.channels:
             marks = json.loads(self.state.get(StateKey(partition, "w", channel).encode()) or b"{}")
-            found = await asyncio.to_thread(self._scan_groups, channel, partition, marks)
+            found = await asyncio.to_thread(emitted_past, self.bootstrap_servers, groups_topic(channel, self.prefix),
+                                            partition, marks)
             for prompt_uid, (groups_partition, offset, source_offset) in found.items():
                 marker = StateKey(partition, "e", channel, prompt_uid).encode()
                 if self.state.get(marker) is None:
                     self.state[marker] = json.dumps(
                         {"offset": source_offset, "at": time.time(), "outcome": "emitted"}).encode()
-                    self.state.pop(StateKey(partition, "g", channel, prompt_uid).encode(), None)
+                    stored = self.state.pop(StateKey(partition, "g", channel, prompt_uid).encode(), None)
+                    if stored is not None:
+                        self.bodies.forget((channel, partition), PendingGroup.decode(stored).offsets())
                     log.info("reconciled emitted group channel=%s prompt_uid=%s", channel, prompt_uid)
                 self.advance_watermark(partition, channel, groups_partition, offset)
         self.reconciled.add(partition)
-
-    def _scan_groups(self, channel: str, partition: int, marks: dict[str, int]) -> dict[str, tuple[int, int, int]]:
-        """Groups emitted from ``partition`` past the watermark.
-
-        Returns prompt_uid -> (groups partition, groups offset, source offset)."""
-        topic = groups_topic(channel, self.prefix)
-        log_bounds = describe_topics(self.bootstrap_servers, names=[topic])[0]
-        found: dict[str, tuple[int, int, int]] = {}
-        for p, (low, high) in enumerate(zip(log_bounds.start_offsets, log_bounds.end_offsets)):
-            start = max(low, marks.get(str(p), -1) + 1)
-            if start >= high:
-                continue
-            for record in read_range(self.bootstrap_servers, topic, p, start, high):
-                headers = dict(record.headers)
-                if headers.get(SOURCE_PARTITION) == str(partition).encode():
-                    found[record.key.decode()] = (p, record.offset, int(headers[SOURCE_OFFSET]))
-        return found
 
     # -- periodic work -------------------------------------------------------------
     def ready_for_periodic_work(self) -> bool:
@@ -444,17 +408,18 @@ class GroupAssembler:
                     stored = self.state.get(key.encode())
                     if stored is None:
                         continue
-                    group = PendingGroup.from_record(codec.decode(stored))
+                    group = PendingGroup.decode(stored)
                     rules = self.settings.channel(key.channel)
                     if rules.group_timeout is not None and now - group.first_seen > rules.group_timeout:
                         await self.time_out(partition, group)
                         continue
                     pending_groups[key.channel] += 1
-                    pending_trajectories[key.channel] += len({uid for uid, _ in group.steps})
+                    pending_trajectories[key.channel] += len(group.trajectories)
                 if expire:
                     self.expire_markers(keys.get((partition, "e"), []), now)
         if expire:
             self._last_expiry = now
+        self.metrics.step_cache_bytes.set(self.bodies.bytes_in_use)
         for channel in self.settings.channels:
             self.metrics.pending_groups.labels(channel).set(pending_groups[channel])
             self.metrics.pending_trajectories.labels(channel).set(pending_trajectories[channel])
@@ -462,7 +427,8 @@ class GroupAssembler:
             if version is not None:
                 self.metrics.policy_version.labels(channel).set(version)
         await self.catch_up()
-        await self.bound_queues()
+        if 0 in self.active_partitions():  # one worker bounds the queues, so drops are counted once
+            await bound_queues(self.bootstrap_servers, self.settings, self.metrics)
         if now - self._last_stats >= self.settings.stats_interval:
             self._last_stats = now
             self.publish_stats()
@@ -483,37 +449,6 @@ class GroupAssembler:
             raw = self.state.get(key.encode())
             if raw is not None and now - json.loads(raw)["at"] > self.settings.emitted_ttl:
                 self.state.pop(key.encode(), None)
-
-    async def bound_queues(self) -> None:
-        """Queue depth per channel; past ``max_queue_size``, the oldest ready groups leave the log.
-
-        Only the worker that owns source partition 0 does this, so drops are counted once.
-        """
-        if 0 not in self.active_partitions():
-            return
-        for channel in self.settings.channels:
-            limit = self.settings.channel(channel).max_queue_size
-            topic = groups_topic(channel, self.prefix)
-            try:
-                lags = await asyncio.to_thread(consumer_group_lag, self.bootstrap_servers,
-                                               trainer_group_id(channel, self.prefix), topic)
-            except Exception as exc:  # noqa: BLE001 - a slow broker must not stop assembly
-                log.warning("queue depth of %s unavailable: %s", topic, exc)
-                continue
-            depth = sum(lag.lag for lag in lags)
-            if limit is not None:
-                for lag in lags:
-                    share = max(1, limit // len(lags))
-                    if lag.lag > share:
-                        target = lag.high - share
-                        start = await asyncio.to_thread(delete_records_before, self.bootstrap_servers, topic,
-                                                        lag.partition, target)
-                        dropped = start - lag.position
-                        depth -= dropped
-                        self.metrics.dropped.labels(channel, "queue_full").inc(dropped)
-                        log.warning("queue full channel=%s partition=%d dropped=%d oldest groups (limit %d)",
-                                    channel, lag.partition, dropped, limit)
-            self.metrics.queue_depth.labels(channel).set(depth)
 
     def publish_stats(self) -> None:
         if self.stats_producer is None:

@@ -4,6 +4,11 @@ Kept free of Kafka and Faust so that the rules are in one place and testable on
 their own; ``streams.app`` stores a ``PendingGroup`` per prompt group in a Faust
 table and calls ``add`` for every event.
 
+A pending group holds *where* its steps are (their source offsets) and what readiness
+needs (which step closes a trajectory), never their bodies: the steps topic already
+holds those durably. So applying an event costs the group's index, not its tokens,
+and the bodies are read once, when the group is emitted (``to_ready_group``).
+
 Rules:
 - a step counts once per (trajectory_uid, step_index): redeliveries are ignored;
 - a trajectory is complete once its ``is_last`` step or its ``TrajectoryEnd`` has
@@ -18,9 +23,11 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Mapping
 
 from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
 
@@ -36,12 +43,15 @@ class Outcome(str, Enum):
 
 @dataclass
 class PendingGroup:
-    """The assembly state of one prompt group until it is emitted."""
+    """The assembly state of one prompt group until it is emitted: an index of its steps."""
 
     prompt_uid: str
     channel: str
     n_rollouts: int | None = None
-    steps: dict[tuple[str, int], Step] = field(default_factory=dict)
+    trajectories: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Per trajectory, the source offset of each step index it has."""
+    closed: set[str] = field(default_factory=set)
+    """Trajectories one of whose steps says ``is_last``."""
     ended: dict[str, float | None] = field(default_factory=dict)
     """Trajectories that received a TrajectoryEnd, with its reward (None: keep the step's)."""
     members: dict[str, list[int]] = field(default_factory=dict)
@@ -51,15 +61,19 @@ class PendingGroup:
     """Source offset of the newest event applied: a replayed event at or below it is a duplicate."""
 
     # -- updates ---------------------------------------------------------------
-    def add(self, event: Step | TrajectoryEnd, default_n_rollouts: int) -> Outcome:
+    def add(self, event: Step | TrajectoryEnd, offset: int, default_n_rollouts: int) -> Outcome:
+        """Apply ``event``, read at source ``offset``."""
         if event.n_rollouts is not None:
             self.n_rollouts = event.n_rollouts
         if isinstance(event, Step):
-            if event.key in self.steps:
+            steps = self.trajectories.setdefault(event.trajectory_uid, {})
+            if event.step_index in steps:
                 return Outcome.DUPLICATE
-            self.steps[event.key] = event
+            steps[event.step_index] = offset
+            if event.is_last:
+                self.closed.add(event.trajectory_uid)
         else:
-            if not any(uid == event.trajectory_uid for uid, _ in self.steps):
+            if event.trajectory_uid not in self.trajectories:
                 return Outcome.UNKNOWN_TRAJECTORY
             if event.trajectory_uid in self.ended:
                 return Outcome.DUPLICATE
@@ -72,34 +86,39 @@ class PendingGroup:
     def expected_size(self, default_n_rollouts: int) -> int:
         return self.n_rollouts or default_n_rollouts
 
+    def is_complete(self, uid: str) -> bool:
+        steps = self.trajectories[uid]
+        if uid in self.members:
+            return set(steps).issuperset(self.members[uid])
+        closed = uid in self.ended or uid in self.closed
+        return closed and len(steps) == max(steps) + 1  # indices are unique, so this means 0..last
+
     def complete_trajectories(self) -> list[str]:
-        by_trajectory: dict[str, list[Step]] = {}
-        for step in self.steps.values():
-            by_trajectory.setdefault(step.trajectory_uid, []).append(step)
-        complete = []
-        for uid, steps in by_trajectory.items():
-            if uid in self.members:
-                if {step.step_index for step in steps}.issuperset(self.members[uid]):
-                    complete.append(uid)
-                continue
-            last = max(step.step_index for step in steps)
-            closed = uid in self.ended or any(step.is_last for step in steps)
-            if closed and len(steps) == last + 1:  # indices are unique, so this means 0..last
-                complete.append(uid)
-        return sorted(complete)
+        return sorted(uid for uid in self.trajectories if self.is_complete(uid))
 
     def is_ready(self, default_n_rollouts: int) -> bool:
         return len(self.complete_trajectories()) >= self.expected_size(default_n_rollouts)
 
-    def _member(self, step: Step) -> bool:
-        named = self.members.get(step.trajectory_uid)
-        return named is None or step.step_index in named
+    def chosen_offsets(self) -> dict[tuple[str, int], int]:
+        """(trajectory_uid, step_index) -> source offset of the steps a ready group carries, in that order:
+        the complete trajectories, only their named steps where the end named them."""
+        chosen = {}
+        for uid in self.complete_trajectories():
+            named = self.members.get(uid)
+            for index, offset in sorted(self.trajectories[uid].items()):
+                if named is None or index in named:
+                    chosen[(uid, index)] = offset
+        return chosen
 
-    def to_ready_group(self, default_n_rollouts: int, status: str = "complete") -> ReadyGroup:
-        """The complete trajectories' steps, ordered by (trajectory_uid, step_index)."""
-        chosen = set(self.complete_trajectories())
-        steps = sorted((s for s in self.steps.values() if s.trajectory_uid in chosen and self._member(s)),
-                       key=lambda s: s.key)
+    def offsets(self) -> list[int]:
+        """Every source offset of a step this group holds."""
+        return [offset for steps in self.trajectories.values() for offset in steps.values()]
+
+    def to_ready_group(self, bodies: Mapping[int, Step], default_n_rollouts: int,
+                       status: str = "complete") -> ReadyGroup:
+        """The complete trajectories' steps (``bodies`` by source offset: at least ``chosen_offsets``),
+        ordered by (trajectory_uid, step_index); each trajectory's last step carries its end's reward."""
+        steps = [bodies[offset] for offset in self.chosen_offsets().values()]
         last_of: dict[str, int] = {}
         for position, step in enumerate(steps):
             last_of[step.trajectory_uid] = position
@@ -115,16 +134,18 @@ class PendingGroup:
                           metadata={"first_seen": self.first_seen})
 
     # -- persistence (values of the Faust table) ---------------------------------
-    def to_record(self) -> ReadyGroup:
-        """The pending state in the ReadyGroup encoding, with status ``pending``."""
-        return ReadyGroup(prompt_uid=self.prompt_uid, channel=self.channel, steps=list(self.steps.values()),
-                          n_rollouts=self.n_rollouts or 0, ready_at=self.first_seen, status="pending",
-                          metadata={"ended": self.ended, "members": self.members,
-                                    "last_offset": self.last_offset})
+    def encode(self) -> bytes:
+        """The index as compact JSON: bytes proportional to the group's steps, not to their tokens."""
+        return json.dumps({
+            "n": self.n_rollouts, "t": self.trajectories, "closed": sorted(self.closed), "ended": self.ended,
+            "members": self.members, "first_seen": self.first_seen, "last_offset": self.last_offset,
+            "prompt_uid": self.prompt_uid, "channel": self.channel,
+        }, separators=(",", ":")).encode()
 
     @classmethod
-    def from_record(cls, record: ReadyGroup) -> "PendingGroup":
-        return cls(prompt_uid=record.prompt_uid, channel=record.channel, n_rollouts=record.n_rollouts or None,
-                   steps={step.key: step for step in record.steps}, ended=dict(record.metadata.get("ended", {})),
-                   members=dict(record.metadata.get("members", {})),
-                   first_seen=record.ready_at, last_offset=record.metadata.get("last_offset", -1))
+    def decode(cls, raw: bytes) -> "PendingGroup":
+        data = json.loads(raw)
+        return cls(prompt_uid=data["prompt_uid"], channel=data["channel"], n_rollouts=data["n"],
+                   trajectories={uid: {int(i): o for i, o in steps.items()} for uid, steps in data["t"].items()},
+                   closed=set(data["closed"]), ended=data["ended"], members=data["members"],
+                   first_seen=data["first_seen"], last_offset=data["last_offset"])

@@ -102,6 +102,10 @@ class WorkerSettings:
     emitted_ttl: float = setting(
         24 * 3600.0, parse=positive_float,
         help="seconds an emitted group is remembered: its late events go to the DLQ, not into a new group")
+    step_cache_bytes: int = setting(
+        1 << 30, parse=positive_int,
+        help="bytes of pending groups' steps kept in memory as they arrive; past it the oldest are read back "
+             "from the steps topic when their group is emitted")
     broker_outage_limit: float = setting(
         120.0, parse=positive_float,
         help="seconds Kafka may be unreachable before the worker exits non-zero for a supervisor")

@@ -51,6 +51,12 @@ class WorkerMetrics:
                                  ["channel"], registry=r)
         self.policy_version = Gauge("trajbus_worker_policy_version", "Newest version on the policy topic",
                                     ["channel"], registry=r)
+        self.step_cache_bytes = Gauge("trajbus_worker_step_cache_bytes",
+                                      "Bytes of pending groups' steps held in memory (--step-cache-bytes)",
+                                      registry=r)
+        self.steps_read_back = Counter("trajbus_worker_steps_read_back",
+                                       "Steps-topic records read back to emit groups whose bodies were not held",
+                                       registry=r)
         self.staleness = Histogram("trajbus_worker_group_staleness",
                                    "Policy versions between a group's oldest step and the current policy",
                                    ["channel"], buckets=STALENESS_BUCKETS, registry=r)
