@@ -77,6 +77,7 @@ def end_to_end(bootstrap: str, prefix: str, workload: Workload, steps: list[Step
     with StepProducer(bootstrap, prefix=prefix) as producer, \
             BatchConsumer("train", bootstrap, prefix=prefix, backend=backend(workload)) as consumer:
         consumer.fetch_group(timeout=1.0)  # join the group before the clock starts
+        consumer.backend.convert(steps[:1], None)  # and import verl (a trainer process does it once)
         start = time.perf_counter()
         for first in range(0, len(steps), 64):
             producer.submit_steps(steps[first:first + 64], channel="train")
