@@ -1,10 +1,11 @@
 """`make bench`: run every benchmark in turn."""
 
-from benchmarks import assembly_bench, codec_bench, convert_bench, gateway_bench, pacing_bench
+from benchmarks import agentic_bench, assembly_bench, codec_bench, convert_bench, gateway_bench, pacing_bench
 
 if __name__ == "__main__":
     codec_bench.main()
     assembly_bench.main()
+    agentic_bench.main([])
     convert_bench.main()
     gateway_bench.main()
     pacing_bench.main()
