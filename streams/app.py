@@ -6,9 +6,9 @@ changelog topic, so a worker that dies loses nothing and another worker can take
 its partitions over. A pending group is stored as an index of its steps' source
 offsets (``PendingGroup``), so an event writes bytes in proportion to the group's
 step count, never its tokens; the bodies come from memory or the steps topic
-(``StepBodies``) when the group is emitted. Keys start with their source partition (see ``StateKey``):
-writes made outside an event (timeouts) still land in the right changelog
-partition, and all state of a partition is ordered in one changelog partition.
+(``StepBodies``) when the group is emitted. Keys start with their source partition
+(see ``StateKey``): writes made outside an event (timeouts) still land in the right
+changelog partition, and all state of a partition is ordered in one changelog partition.
 
 Exactly once out, with at-least-once in:
 - a group is written to ``{prefix}.groups.{channel}`` and its acknowledgement is
