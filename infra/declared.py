@@ -107,23 +107,26 @@ def parse_text(f: dataclasses.Field, hint: Any, text: str) -> Any:
         raise ValueError(f"expected {_describe(hint)}, got {text!r}") from None
 
 
+def _known(classes: tuple[type, ...]) -> dict[str, tuple[dataclasses.Field, Declared, Any]]:
+    return {f.name: (f, declared, hint) for cls in classes for f, declared, hint in declared_fields(cls)}
+
+
 def setting_value(cls: type, name: str, text: str, what: str = "setting") -> Any:
     """``parse_text`` by field name (``--channel-setting CHANNEL.NAME=VALUE``); ``ValueError`` names it."""
-    for f, _, hint in declared_fields(cls):
-        if f.name == name:
-            try:
-                return parse_text(f, hint, text)
-            except ValueError as exc:
-                raise ValueError(f"{name}: {exc}") from None
-    raise ValueError(f"{name}: not a {what}")
+    known = _known((cls,))
+    if name not in known:
+        raise ValueError(f"{name}: not a {what}")
+    f, _, hint = known[name]
+    try:
+        return parse_text(f, hint, text)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
 
 
-def add_flags(parser: argparse.ArgumentParser | Any, cls: type, env_prefix: str,
-              skip: tuple[str, ...] = ()) -> None:
-    """A flag per declared field of ``cls`` (but ``skip``); an absent flag leaves the field to ``resolve``."""
+def add_flags(parser: argparse.ArgumentParser | Any, cls: type, env_prefix: str) -> None:
+    """A flag per declared field of ``cls`` on ``parser`` (or an argument group); an absent flag leaves
+    the field to ``resolve``."""
     for f, declared, hint in declared_fields(cls):
-        if f.name in skip:
-            continue
         default = default_of(f)
         shown = "required" if is_required(f) else f"default: {'off' if default is None else default}"
         text = f"{declared.help} ({shown}; ${env_var(env_prefix, f.name)})".replace("%", "%%")
@@ -161,10 +164,6 @@ def resolve(cls: type, args: argparse.Namespace, env_prefix: str,
                 raise ValueError(f"${name}: {exc}") from None
             values[f.name] = parsed if declared.repeat else parsed[0]
     return values
-
-
-def _known(classes: tuple[type, ...]) -> dict[str, tuple[dataclasses.Field, Declared, Any]]:
-    return {f.name: (f, declared, hint) for cls in classes for f, declared, hint in declared_fields(cls)}
 
 
 def check_values(classes: tuple[type, ...], values: Mapping[str, Any], where: str) -> dict[str, Any]:
