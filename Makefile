@@ -11,12 +11,12 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install broker browser demo test test-unit bench clean
 
+# Bytecode is compiled once at install: every worker, gateway and trainer process would otherwise
+# compile its imports again wherever bytecode is not written (PYTHONDONTWRITEBYTECODE; verl alone ~10 s).
 $(STAMP): pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "trajbus needs Python 3.11, found " + sys.version' 
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet uv==$(UV_VERSION)
-	# Bytecode compiled once here: every worker, gateway and trainer process would otherwise compile
-	# its imports again wherever bytecode is not written (PYTHONDONTWRITEBYTECODE; verl alone takes ~10 s).
 	$(BIN)/uv pip install --python $(BIN)/python --compile-bytecode -r requirements.lock
 	$(BIN)/uv pip install --python $(BIN)/python --no-deps -e .
 	touch $(STAMP)
