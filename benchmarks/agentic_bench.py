@@ -27,18 +27,19 @@ import time
 import uuid
 from pathlib import Path
 
-from benchmarks.agentic_workloads import LONG_CONTEXT, MULTI_TURN, SINGLE_TURN, Workload, distinct_bytes, generate
+from benchmarks.agentic_workloads import (LONG_CONTEXT, MULTI_TURN, SINGLE_TURN, Workload, distinct_bytes,
+                                          distinct_tokens, generate)
 from benchmarks.assembly_bench import raw_round_trip
 from trajbus.consumers import BatchConsumer
 from trajbus.consumers.backends import VerlBackend
 from trajbus.infra.kafka_broker import EmbeddedKafka
-from trajbus.infra.topics import describe_topics, end_offsets_of
-from trajbus.pipelines.processes import ServiceProcess, worker_process
+from trajbus.infra.topics import describe_topics
+from trajbus.pipelines.processes import worker_process
 from trajbus.streams import codec
 from trajbus.streams.app import STATE_TABLE
 from trajbus.streams.producer import StepProducer
 from trajbus.streams.records import Step
-from trajbus.streams.stats import read_snapshots
+from trajbus.streams.stats import applied_positions, read_snapshots
 from trajbus.streams.topics import steps_topic
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -87,17 +88,6 @@ def end_to_end(bootstrap: str, prefix: str, workload: Workload, steps: list[Step
         return time.perf_counter() - start
 
 
-def applied(bootstrap: str, prefix: str, worker: ServiceProcess, ends: list[int]) -> bool:
-    """Whether the worker's published source positions reach ``ends`` (every step sent so far applied)."""
-    positions: dict[str, float] = {}
-    for snapshot in read_snapshots(bootstrap, prefix):
-        if f"-{worker.pid}-" in snapshot["worker_id"]:
-            for name, labels, value in snapshot["samples"]:
-                if name == "trajbus_worker_source_position":
-                    positions[labels["partition"]] = max(value, positions.get(labels["partition"], 0))
-    return all(positions.get(str(p), 0) >= end for p, end in enumerate(ends))
-
-
 def recovery(bootstrap: str, prefix: str, workload: Workload, workdir: Path) -> float:
     """Seconds from a new worker's start (the old one SIGKILLed with every group pending) to all groups fetched."""
     groups = generate(workload, seed=3, tag="rec-")
@@ -110,11 +100,10 @@ def recovery(bootstrap: str, prefix: str, workload: Workload, workdir: Path) -> 
     with StepProducer(bootstrap, prefix=prefix) as producer, \
             BatchConsumer("train", bootstrap, prefix=prefix, group_id=f"{prefix}.recovery") as consumer:
         producer.submit_steps([s for s in steps if not s.is_last], channel="train")
-        topic = steps_topic("train", prefix)
-        partitions = len(describe_topics(bootstrap, names=[topic])[0].end_offsets)
-        ends = list(end_offsets_of(bootstrap, [(topic, p) for p in range(partitions)]).values())
+        ends = describe_topics(bootstrap, names=[steps_topic("train", prefix)])[0].end_offsets
         deadline = time.monotonic() + FETCH_TIMEOUT
-        while not applied(bootstrap, prefix, worker, ends):
+        while any(applied_positions(read_snapshots(bootstrap, prefix), {worker.pid}).get(("train", p), 0) < end
+                  for p, end in enumerate(ends)):
             if time.monotonic() > deadline:
                 raise RuntimeError("recovery: the first worker did not apply every pending step")
             time.sleep(0.5)  # polls published positions until the deadline
@@ -153,10 +142,9 @@ def run(workload: Workload, bootstrap: str, data_dir: Path | None, workdir: Path
     finally:
         worker.stop()
     distinct = distinct_bytes(workload)
-    tokens = distinct // 4 - workload.groups * workload.rollouts * workload.turns * workload.response_tokens
     result = {"workload": workload.name, "shape": workload.describe(), "steps": len(steps),
               "raw_steps_per_s": len(steps) / raw_s, "e2e_steps_per_s": len(steps) / e2e_s,
-              "e2e_distinct_tokens_per_s": tokens / e2e_s, "ratio": raw_s / e2e_s,
+              "e2e_distinct_tokens_per_s": distinct_tokens(workload) / e2e_s, "ratio": raw_s / e2e_s,
               "worker_peak_mb": memory, "distinct_bytes": distinct}
     if data_dir is not None:
         result["bytes"] = {"steps": topic_bytes(data_dir, f"{prefix}.steps.train"),

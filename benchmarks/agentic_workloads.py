@@ -86,8 +86,13 @@ def generate(workload: Workload, seed: int = 0, tag: str = "") -> list[list[Step
     return groups
 
 
+def distinct_tokens(workload: Workload) -> int:
+    """Token ids a workload has once each: a group's task, each rollout's responses and tool outputs."""
+    per_rollout = workload.turns * (workload.response_tokens + workload.tool_tokens)
+    return workload.groups * (workload.task_tokens + workload.rollouts * per_rollout)
+
+
 def distinct_bytes(workload: Workload) -> int:
-    """Bytes of the distinct token ids and log-probs (4 bytes each): a group's task once, each rollout's
-    responses (ids and log-probs) and tool outputs once."""
-    per_rollout = workload.turns * (2 * workload.response_tokens + workload.tool_tokens)
-    return 4 * workload.groups * (workload.task_tokens + workload.rollouts * per_rollout)
+    """Bytes of the distinct token ids and of the sampled tokens' log-probs, 4 bytes each."""
+    sampled = workload.groups * workload.rollouts * workload.turns * workload.response_tokens
+    return 4 * (distinct_tokens(workload) + sampled)

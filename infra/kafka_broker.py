@@ -42,6 +42,8 @@ KAFKA_VERSION = "3.9.1"
 versions that 4.0 removed (KIP-896), which keeps every Python client here safe."""
 
 HOST = "127.0.0.1"
+TLS_HOSTS = [HOST, "localhost"]
+"""Names the secure broker's certificate is valid for."""
 
 # Broker settings sized for one node on a small machine. Retention checks run
 # every few seconds so that the retention bounds on `groups` topics (trajbus's
@@ -177,7 +179,7 @@ class EmbeddedKafka:
         from trajbus.infra.kafka_config import read_properties_file
 
         path = self.client_properties_file
-        tls = ensure_tls_files(self.state_dir, [HOST, "localhost"])
+        tls = ensure_tls_files(self.state_dir, TLS_HOSTS)
         if not path.exists() or read_properties_file(path).get("security.protocol") != "SASL_SSL":
             password = secrets.token_urlsafe(18)
             path.write_text(f"security.protocol=SASL_SSL\nssl.ca.location={tls.ca_certificate}\n"
@@ -269,7 +271,7 @@ class EmbeddedKafka:
                 "inter.broker.listener.name": "INTERNAL",
                 "listener.security.protocol.map": "SASL_SSL:SASL_SSL,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
                 "ssl.keystore.type": "PEM",
-                "ssl.keystore.location": str(ensure_tls_files(self.state_dir, [HOST, "localhost"]).broker_keystore),
+                "ssl.keystore.location": str(ensure_tls_files(self.state_dir, TLS_HOSTS).broker_keystore),
                 "sasl.enabled.mechanisms": "PLAIN",
                 "listener.name.sasl_ssl.plain.sasl.jaas.config":
                     "org.apache.kafka.common.security.plain.PlainLoginModule required "

@@ -268,7 +268,8 @@ class GroupAssembler:
         if message.offset <= group.last_offset:
             self.metrics.duplicates.labels(channel).inc()  # replayed past a lagging saved position
             return
-        complete_before = len(group.complete_trajectories())
+        uid = record.trajectory_uid  # the one trajectory an event can complete
+        was_complete = uid in group.trajectories and group.is_complete(uid)
         outcome = group.add(record, message.offset, self.settings.channel(channel).n_rollouts)
         if outcome is Outcome.UNKNOWN_TRAJECTORY:
             await self.to_dlq(message, channel, f"unknown_trajectory: {record.trajectory_uid} has no steps")
@@ -279,7 +280,8 @@ class GroupAssembler:
         group.last_offset = message.offset
         if isinstance(record, Step):
             self.bodies.put((channel, partition), message.offset, message.value)
-        self.metrics.trajectories.labels(channel).inc(len(group.complete_trajectories()) - complete_before)
+        if not was_complete and group.is_complete(uid):
+            self.metrics.trajectories.labels(channel).inc()
         if outcome is Outcome.READY:
             await self.finish(partition, group, "complete")
         else:

@@ -141,3 +141,16 @@ def read_snapshots(bootstrap_servers: str, prefix: str, timeout: float = 10.0) -
     finally:
         consumer.close()
     return list(latest.values())
+
+
+def applied_positions(snapshots: list[dict[str, Any]], pids: set[int]) -> dict[tuple[str, int], float]:
+    """(channel, source partition) -> next offset to apply, the furthest any worker of ``pids`` published:
+    what those workers have applied, to compare with the steps topics' ends."""
+    positions: dict[tuple[str, int], float] = {}
+    for snapshot in snapshots:
+        if any(f"-{pid}-" in snapshot["worker_id"] for pid in pids):
+            for name, labels, value in snapshot["samples"]:
+                if name == "trajbus_worker_source_position":
+                    key = (labels["channel"], int(labels["partition"]))
+                    positions[key] = max(value, positions.get(key, 0))
+    return positions

@@ -90,20 +90,12 @@ def settle_workers(bootstrap_servers: str, prefix: str, workers: list, channels:
     """Wait until the running workers have applied every step (their published source positions
     reach the steps topics' ends), then stop them gracefully: whatever the groups topics hold
     afterwards is all they will ever emit (a known end, no sleeping)."""
-    from trajbus.streams.stats import read_snapshots
+    from trajbus.streams.stats import applied_positions, read_snapshots
     from trajbus.streams.topics import steps_topic
 
-    pids = {f"-{worker.pid}-" for worker in workers}
-
     def applied_everything() -> bool:
-        positions: dict[tuple[str, str], float] = {}
-        for snapshot in read_snapshots(bootstrap_servers, prefix):
-            if any(pid in snapshot["worker_id"] for pid in pids):
-                for name, labels, value in snapshot["samples"]:
-                    if name == "trajbus_worker_source_position":
-                        key = (labels["channel"], labels["partition"])
-                        positions[key] = max(value, positions.get(key, 0))
-        return all(positions.get((channel, str(partition)), 0) >= end
+        positions = applied_positions(read_snapshots(bootstrap_servers, prefix), {w.pid for w in workers})
+        return all(positions.get((channel, partition), 0) >= end
                    for channel in channels
                    for partition, end in enumerate(end_offsets(bootstrap_servers, steps_topic(channel, prefix))))
 
