@@ -47,7 +47,7 @@ from confluent_kafka import Producer
 from prometheus_client import start_http_server
 
 from trajbus.infra.kafka_config import client_config, faust_credentials
-from trajbus.infra.topics import end_offsets_of
+from trajbus.infra.topics import consumer_group_lag, end_offsets_of
 from trajbus.streams import codec
 from trajbus.streams.assembly import Outcome, PendingGroup
 from trajbus.streams.bodies import StepBodies
@@ -150,7 +150,7 @@ class GroupAssembler:
         self.last_event_at[(channel, partition)] = time.monotonic()
         async with self.lock(partition):
             await self.ensure_reconciled(partition)
-            expected = self.next_offset(channel, partition, message.offset)
+            expected = await self.next_offset(channel, partition, message.offset)
             if message.offset < expected:
                 self.metrics.duplicates.labels(channel).inc()  # a replay: already applied
                 return
@@ -167,11 +167,22 @@ class GroupAssembler:
         applied = self.state.get(StateKey(partition, "o", channel).encode())
         return None if applied is None else int(applied) + 1
 
-    def next_offset(self, channel: str, partition: int, offset: int) -> int:
-        """``known_position``; with none saved yet, the offset Faust delivers is the start."""
+    async def next_offset(self, channel: str, partition: int, offset: int) -> int:
+        """``known_position``; with none saved yet (a new table), where this worker group resumes: its
+        committed offset, else the log start. Not the offset Faust delivers first: at a first start
+        Faust 0.15 can begin a partition past its first records, and nothing would reveal the skip."""
         known = self.known_position(channel, partition)
-        self.expected[(channel, partition)] = offset if known is None else known
-        return self.expected[(channel, partition)]
+        if known is None:
+            try:
+                lags = await asyncio.to_thread(consumer_group_lag, self.bootstrap_servers, self.settings.app_id,
+                                               steps_topic(channel, self.prefix))
+                known = next(lag.position for lag in lags if lag.partition == partition)
+            except Exception as exc:  # noqa: BLE001 - no answer: the delivered offset is the best start left
+                log.warning("resume point of %s[%d] unknown (%s); starting at %d", steps_topic(channel, self.prefix),
+                            partition, exc, offset)
+                known = offset
+        self.expected[(channel, partition)] = known
+        return known
 
     async def apply_range(self, channel: str, partition: int, start: int, end: int, why: str) -> None:
         """Read ``start <= offset < end`` of a steps partition directly and apply what is still new."""
