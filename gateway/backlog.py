@@ -13,7 +13,7 @@ Twice a second, in one background thread, per channel in use:
 
 So several gateways on the same topics see the same backlog, with no
 coordinator: each adds its own exact in-flight count to the others' latest.
-One client of each kind is kept open, so a refresh is three small requests.
+One client of each kind is kept open, so a refresh is a few small requests.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import threading
 import time
 from typing import Callable
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from trajbus.infra.kafka_config import client_config
 from trajbus.streams.topics import groups_topic, stats_topic, trainer_group_id
@@ -53,7 +52,9 @@ class BacklogMonitor:
         """channel -> (ready groups, monotonic time of the read)."""
         self._others: dict[str, tuple[float, dict[str, int]]] = {}
         """gateway id -> (updated_at, in-flight groups per channel), from their snapshots."""
-        self._admin = AdminClient(client_config(bootstrap_servers, {"logger": log}))
+        self.bootstrap_servers = bootstrap_servers
+        self._committed: dict[str, Consumer] = {}
+        """channel -> a consumer in the trainer's group that never subscribes: it only reads the commits."""
         self._consumer = Consumer(client_config(bootstrap_servers, {
             "group.id": f"{prefix}.gateway-backlog", "enable.auto.commit": False, "fetch.wait.max.ms": 100,
             "logger": log}))
@@ -61,6 +62,9 @@ class BacklogMonitor:
         self._producer = Producer(client_config(bootstrap_servers, {"linger.ms": 0, "logger": log}))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="backlog-monitor", daemon=True)
+
+    def start(self) -> None:
+        """Refresh from now on; ``on_refresh`` may be called before this returns."""
         self._thread.start()
 
     @staticmethod
@@ -112,10 +116,11 @@ class BacklogMonitor:
         if metadata is None or metadata.error is not None:
             return 0  # no groups topic yet: nothing is ready
         partitions = [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
-        request = ConsumerGroupTopicPartitions(trainer_group_id(channel, self.prefix), partitions)
-        future = next(iter(self._admin.list_consumer_group_offsets([request],
-                                                                   request_timeout=self.timeout).values()))
-        committed = {tp.partition: tp.offset for tp in future.result(self.timeout).topic_partitions or []}
+        if channel not in self._committed:  # not the AdminClient: its offset look-up of a group with no
+            # coordinator yet can crash librdkafka (confluent-kafka-python #1982)
+            self._committed[channel] = Consumer(client_config(self.bootstrap_servers, {
+                "group.id": trainer_group_id(channel, self.prefix), "enable.auto.commit": False, "logger": log}))
+        committed = {tp.partition: tp.offset for tp in self._committed[channel].committed(partitions, self.timeout)}
         ready = 0
         for tp in partitions:
             low, high = self._consumer.get_watermark_offsets(tp, timeout=self.timeout)
@@ -156,3 +161,5 @@ class BacklogMonitor:
         self._producer.produce(stats_topic(self.prefix), key=self.gateway_id.encode(), value=None)
         self._producer.flush(self.timeout)
         self._consumer.close()
+        for consumer in self._committed.values():
+            consumer.close()

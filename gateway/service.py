@@ -124,11 +124,13 @@ class GatewayService:
         self.stop_serving()  # graceful shutdown; serve() then exits 1 with the reason
 
     def _watch_backlog(self, servers: str) -> None:
-        self.backlog = BacklogMonitor(servers, self.settings.prefix, BacklogMonitor.new_gateway_id(self.settings.port),
-                                      self.admission.in_flight_counts,
-                                      lambda: self._loop.call_soon_threadsafe(self._backlog_refreshed))
-        self.backlog.watch(self.settings.default_channel)
-        self.admission.ready, self.admission.elsewhere = self.backlog.ready, self.backlog.elsewhere
+        backlog = BacklogMonitor(servers, self.settings.prefix, BacklogMonitor.new_gateway_id(self.settings.port),
+                                 self.admission.in_flight_counts,
+                                 lambda: self._loop.call_soon_threadsafe(self._backlog_refreshed))
+        backlog.watch(self.settings.default_channel)
+        self.admission.ready, self.admission.elsewhere = backlog.ready, backlog.elsewhere
+        self.backlog = backlog  # before its first refresh can reach the loop
+        backlog.start()
 
     def _backlog_refreshed(self) -> None:
         """On the event loop, after each read of the signals: gauges, then held trajectories decide again."""

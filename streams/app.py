@@ -47,7 +47,7 @@ from confluent_kafka import Producer
 from prometheus_client import start_http_server
 
 from trajbus.infra.kafka_config import client_config, faust_credentials
-from trajbus.infra.topics import consumer_group_lag, end_offsets_of
+from trajbus.infra.topics import end_offsets_of
 from trajbus.streams import codec
 from trajbus.streams.assembly import Outcome, PendingGroup
 from trajbus.streams.bodies import StepBodies
@@ -55,6 +55,7 @@ from trajbus.streams.dlq import dlq_headers
 from trajbus.streams.faust_app import IdempotentApp, PartitionKeyedTable
 from trajbus.streams.filters import judge
 from trajbus.streams.policy import PolicyWatcher
+from trajbus.streams.positions import SourcePositions
 from trajbus.streams.queue_bound import bound_queues
 from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
 from trajbus.streams.settings import WorkerSettings
@@ -70,8 +71,6 @@ TOO_LARGE = "too_large"
 STEPS_EXPIRED = "steps_expired"
 RECORD_OVERHEAD = 64 * 1024
 """Bytes a group record may need beyond its value (key, headers, batch framing), with a wide margin."""
-CATCH_UP_AFTER = 3.0
-"""Seconds without events on a partition before its log end is checked against our position."""
 EXPIRE_EVERY = 60.0
 STATE_TABLE = "assembly"
 """The table (and ``{app_id}-assembly-changelog``); named anew when its values changed meaning: a
@@ -104,9 +103,8 @@ class GroupAssembler:
                                                     for c in settings.channels}
         self.locks: dict[int, asyncio.Lock] = {}
         self.reconciled: set[int] = set()
-        self.expected: dict[tuple[str, int], int] = {}
-        """Next source offset to apply per (channel, partition), loaded from the table."""
-        self.last_event_at: dict[tuple[str, int], float] = {}
+        self.positions = SourcePositions(self.state, bootstrap_servers, settings.app_id, self.prefix,
+                                         settings.broker_outage_limit)
         self.policy: PolicyWatcher | None = None
         self.stats_producer: Producer | None = None
         self.metrics_server: WSGIServer | None = None
@@ -147,10 +145,10 @@ class GroupAssembler:
         message = event.message
         partition = message.partition
         channel = channel_of(message.topic, self.prefix)
-        self.last_event_at[(channel, partition)] = time.monotonic()
+        self.positions.touched(channel, partition)
         async with self.lock(partition):
             await self.ensure_reconciled(partition)
-            expected = await self.next_offset(channel, partition, message.offset)
+            expected = await self.positions.start_of(channel, partition)
             if message.offset < expected:
                 self.metrics.duplicates.labels(channel).inc()  # a replay: already applied
                 return
@@ -160,91 +158,48 @@ class GroupAssembler:
                 await self.apply_range(channel, partition, expected, message.offset, "skipped by the consumer")
             await self.apply_at(channel, partition, message)
 
-    def known_position(self, channel: str, partition: int) -> int | None:
-        """The next source offset to apply, from memory or else from the recovered table."""
-        if (channel, partition) in self.expected:
-            return self.expected[(channel, partition)]
-        applied = self.state.get(StateKey(partition, "o", channel).encode())
-        return None if applied is None else int(applied) + 1
-
-    async def next_offset(self, channel: str, partition: int, offset: int) -> int:
-        """``known_position``; with none saved yet (a new table), where this worker group resumes: its
-        committed offset, else the log start. Not the offset Faust delivers first: at a first start
-        Faust 0.15 can begin a partition past its first records, and nothing would reveal the skip."""
-        known = self.known_position(channel, partition)
-        if known is None:
-            try:
-                lags = await asyncio.to_thread(consumer_group_lag, self.bootstrap_servers, self.settings.app_id,
-                                               steps_topic(channel, self.prefix))
-                known = next(lag.position for lag in lags if lag.partition == partition)
-            except Exception as exc:  # noqa: BLE001 - no answer: the delivered offset is the best start left
-                log.warning("resume point of %s[%d] unknown (%s); starting at %d", steps_topic(channel, self.prefix),
-                            partition, exc, offset)
-                known = offset
-        self.expected[(channel, partition)] = known
-        return known
-
     async def apply_range(self, channel: str, partition: int, start: int, end: int, why: str) -> None:
         """Read ``start <= offset < end`` of a steps partition directly and apply what is still new."""
         topic = steps_topic(channel, self.prefix)
         log.warning("source offsets %d..%d of %s[%d] %s; reading them directly", start, end - 1, topic, partition,
                     why)
         for record in await asyncio.to_thread(read_range, self.bootstrap_servers, topic, partition, start, end):
-            if record.offset >= self.expected.get((channel, partition), start):
+            if record.offset >= self.positions.expected.get((channel, partition), start):
                 await self.apply_at(channel, partition, record)
 
     async def apply_at(self, channel: str, partition: int, message: Any) -> None:
         try:
             await self.process(channel, partition, message)
         finally:
-            self.expected[(channel, partition)] = message.offset + 1
+            self.positions.advance(channel, partition, message.offset)
             self.metrics.source_position.labels(channel, str(partition)).set(message.offset + 1)
-            key = StateKey(partition, "o", channel).encode()
-            if self.state.get(key) is None:
-                # The first position is saved at once (later ones once a tick): with no
-                # saved position a new owner could only trust Faust's resume point.
-                self.state[key] = str(message.offset).encode()
 
     async def catch_up(self) -> None:
-        """Apply records Faust never delivered: where a partition's log ends past our
-        position and no event came for a while (Faust can resume a partition at its
-        end after a rebalance, and then nothing would reveal the skip)."""
-        now = time.monotonic()
-        known: dict[tuple[str, int], int] = {}
+        """Apply records Faust never delivered: where a quiet partition's log ends past our
+        position (Faust can resume a partition at its end after a rebalance, or never fetch an
+        assigned partition at all, and then nothing would reveal the skip)."""
+        quiet: list[tuple[str, int]] = []
         for partition in self.active_partitions():
             for channel in self.settings.channels:
-                position = self.known_position(channel, partition)
+                position = self.positions.known(channel, partition)
                 if position is not None:  # an owned partition with nothing new still reports where it is
                     self.metrics.source_position.labels(channel, str(partition)).set(position)
-                quiet = now - self.last_event_at.get((channel, partition), 0.0) >= CATCH_UP_AFTER
-                if position is not None and quiet:
-                    known[(channel, partition)] = position
-        if not known:
+                if self.positions.quiet(channel, partition):
+                    quiet.append((channel, partition))
+        if not quiet:
             return
         ends = await asyncio.to_thread(end_offsets_of, self.bootstrap_servers,
-                                       [(steps_topic(c, self.prefix), p) for c, p in known])
-        for (channel, partition), start in known.items():
+                                       [(steps_topic(c, self.prefix), p) for c, p in quiet])
+        for channel, partition in quiet:
             end = ends[(steps_topic(channel, self.prefix), partition)]
             async with self.lock(partition):
-                start = self.expected.get((channel, partition), start)
-                if end > start:
+                start = self.positions.known(channel, partition)
+                if start is None and end > 0:  # never delivered: from where the worker group resumes
+                    await self.ensure_reconciled(partition)
+                    start = await self.positions.start_of(channel, partition)
+                if start is not None and end > start:
                     await self.apply_range(channel, partition, start, end, "not delivered by the consumer")
-            self.last_event_at[(channel, partition)] = time.monotonic()
-
-    def save_positions(self, partition: int) -> None:
-        """Write the applied positions of a partition to the table (once per tick).
-
-        A saved position may lag what was applied: after a restart the events in
-        between are read again and recognised as replays (by the group's last offset
-        or its emitted marker). It must never lead, and it cannot: it is written to
-        the same changelog partition after the writes of the events it covers.
-        """
-        for (channel, owner), next_offset in self.expected.items():
-            if owner == partition:
-                key = StateKey(partition, "o", channel).encode()
-                value = str(next_offset - 1).encode()
-                if self.state.get(key) != value:
-                    self.state[key] = value
+            self.positions.touched(channel, partition)
 
     async def process(self, channel: str, partition: int, message: Any) -> None:
         """Decode, check and apply one event; what cannot be applied goes to the DLQ."""
@@ -376,8 +331,7 @@ class GroupAssembler:
     def forget_positions(self) -> None:
         """After a rebalance, positions and reconciliation are re-read from the recovered table."""
         self.reconciled.clear()
-        self.expected.clear()
-        self.last_event_at.clear()
+        self.positions.forget()
 
     async def ensure_reconciled(self, partition: int) -> None:
         """Once per assignment: record what earlier owners emitted from this partition but did not record."""
@@ -416,7 +370,7 @@ class GroupAssembler:
         for partition in sorted(self.active_partitions()):
             async with self.lock(partition):
                 await self.ensure_reconciled(partition)
-                self.save_positions(partition)
+                self.positions.save(partition)
                 for key in keys.get((partition, "g"), []):
                     stored = self.state.get(key.encode())
                     if stored is None:

@@ -1,0 +1,106 @@
+"""Where the worker stands in each steps partition: the next source offset to apply.
+
+Faust's committed offsets say where its consumer resumes, not what the table
+applied, and faust-streaming 0.15 can resume a partition past its first records,
+leave a partition's tail undelivered after a rebalance, or never fetch an assigned
+partition at all (faust-streaming issues #471, #629). So the worker keeps its own
+position per (channel, partition) in the table (``o`` keys) and checks every
+delivered offset and every quiet partition's log end against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import MutableMapping
+
+from trajbus.infra.topics import consumer_group_lag
+from trajbus.streams.state_keys import StateKey
+from trajbus.streams.topics import steps_topic
+
+log = logging.getLogger("trajbus.worker")
+
+QUIET_AFTER = 3.0
+"""Seconds without events on a partition before its log end is checked against our position."""
+RESUME_RETRY = 1.0
+
+
+class SourcePositions:
+    """Applied source positions per (channel, partition), in memory and saved in the table."""
+
+    def __init__(self, state: MutableMapping[bytes, bytes], bootstrap_servers: str, group_id: str, prefix: str,
+                 resume_deadline: float) -> None:
+        self.state, self.bootstrap_servers, self.group_id, self.prefix = state, bootstrap_servers, group_id, prefix
+        self.resume_deadline = resume_deadline
+        self.expected: dict[tuple[str, int], int] = {}
+        self.last_event_at: dict[tuple[str, int], float] = {}
+        self.assigned_at = time.monotonic()
+
+    def known(self, channel: str, partition: int) -> int | None:
+        """The next source offset to apply, from memory or else from the recovered table."""
+        if (channel, partition) in self.expected:
+            return self.expected[(channel, partition)]
+        applied = self.state.get(StateKey(partition, "o", channel).encode())
+        return None if applied is None else int(applied) + 1
+
+    async def resume_point(self, channel: str, partition: int) -> int:
+        """With no position saved (a new table): where this worker group resumes, its committed offset,
+        else the log start. Raises where Kafka does not answer."""
+        topic = steps_topic(channel, self.prefix)
+        lags = await asyncio.to_thread(consumer_group_lag, self.bootstrap_servers, self.group_id, topic)
+        return next(lag.position for lag in lags if lag.partition == partition)
+
+    async def start_of(self, channel: str, partition: int) -> int:
+        """``known``, else the resume point, asked again through an outage (up to ``resume_deadline``
+        seconds): guessing from the offset Faust delivers could skip records nothing would reveal."""
+        position = self.known(channel, partition)
+        deadline = time.monotonic() + self.resume_deadline
+        while position is None:
+            try:
+                position = await self.resume_point(channel, partition)
+            except Exception as exc:  # noqa: BLE001 - Kafka away: ask again until the deadline
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"resume point of {steps_topic(channel, self.prefix)}[{partition}] "
+                                       f"unknown after {self.resume_deadline:.0f}s: {exc}") from exc
+                log.warning("resume point of %s[%d] unknown (%s); asking again", steps_topic(channel, self.prefix),
+                            partition, exc)
+                await asyncio.sleep(RESUME_RETRY)
+        self.expected[(channel, partition)] = position
+        return position
+
+    def advance(self, channel: str, partition: int, offset: int) -> None:
+        """``offset`` was applied. The first position of a partition is saved at once (later ones once
+        a tick): with no saved position, a new owner could only ask the consumer group again."""
+        self.expected[(channel, partition)] = offset + 1
+        key = StateKey(partition, "o", channel).encode()
+        if self.state.get(key) is None:
+            self.state[key] = str(offset).encode()
+
+    def touched(self, channel: str, partition: int) -> None:
+        self.last_event_at[(channel, partition)] = time.monotonic()
+
+    def quiet(self, channel: str, partition: int) -> bool:
+        """No event for ``QUIET_AFTER`` seconds (a partition never delivered counts from its assignment)."""
+        return time.monotonic() - self.last_event_at.get((channel, partition), self.assigned_at) >= QUIET_AFTER
+
+    def save(self, partition: int) -> None:
+        """Write a partition's applied positions to the table (once per tick).
+
+        A saved position may lag what was applied: after a restart the events in
+        between are read again and recognised as replays (by the group's last offset
+        or its emitted marker). It must never lead, and it cannot: it is written to
+        the same changelog partition after the writes of the events it covers.
+        """
+        for (channel, owner), next_offset in self.expected.items():
+            if owner == partition:
+                key = StateKey(partition, "o", channel).encode()
+                value = str(next_offset - 1).encode()
+                if self.state.get(key) != value:
+                    self.state[key] = value
+
+    def forget(self) -> None:
+        """After a rebalance, positions are re-read from the recovered table."""
+        self.expected.clear()
+        self.last_event_at.clear()
+        self.assigned_at = time.monotonic()

@@ -1,0 +1,73 @@
+"""The worker's own source positions: what it trusts, and what it asks Kafka for."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from trajbus.streams import positions as positions_module
+from trajbus.streams.positions import SourcePositions
+from trajbus.streams.state_keys import StateKey
+
+
+def new_positions(table: dict[bytes, bytes], answers: list[object], deadline: float = 30.0) -> SourcePositions:
+    """Positions whose resume-point look-up answers ``answers`` in turn (an exception is raised)."""
+    positions = SourcePositions(table, "unused:9092", "worker-group", "p", deadline)
+
+    async def resume_point(channel: str, partition: int) -> int:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    positions.resume_point = resume_point  # type: ignore[method-assign]
+    return positions
+
+
+def test_a_saved_position_is_trusted_without_asking_kafka() -> None:
+    table = {StateKey(3, "o", "train").encode(): b"41"}
+    positions = new_positions(table, [])
+    assert positions.known("train", 3) == 42
+    assert asyncio.run(positions.start_of("train", 3)) == 42
+
+
+def test_with_no_saved_position_the_group_resume_point_is_asked_through_an_outage(monkeypatch) -> None:
+    monkeypatch.setattr(positions_module, "RESUME_RETRY", 0.0)
+    positions = new_positions({}, [RuntimeError("all brokers down"), RuntimeError("all brokers down"), 7])
+    assert asyncio.run(positions.start_of("train", 0)) == 7
+    assert positions.known("train", 0) == 7
+
+
+def test_an_unanswered_resume_point_fails_past_the_deadline_instead_of_guessing(monkeypatch) -> None:
+    monkeypatch.setattr(positions_module, "RESUME_RETRY", 0.0)
+    positions = new_positions({}, [RuntimeError("all brokers down")] * 1000, deadline=0.0)
+    with pytest.raises(RuntimeError, match=r"resume point of p\.steps\.train\[0\] unknown"):
+        asyncio.run(positions.start_of("train", 0))
+    assert positions.known("train", 0) is None
+
+
+def test_the_first_applied_offset_is_saved_at_once_later_ones_by_save() -> None:
+    table: dict[bytes, bytes] = {}
+    positions = new_positions(table, [])
+    key = StateKey(2, "o", "train").encode()
+    positions.advance("train", 2, 10)
+    assert table[key] == b"10"
+    positions.advance("train", 2, 11)
+    assert table[key] == b"10" and positions.known("train", 2) == 12
+    positions.save(2)
+    assert table[key] == b"11"
+
+
+def test_a_partition_never_delivered_turns_quiet_from_its_assignment(monkeypatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(positions_module.time, "monotonic", lambda: clock[0])
+    positions = new_positions({}, [])
+    assert not positions.quiet("train", 5)
+    clock[0] += positions_module.QUIET_AFTER
+    assert positions.quiet("train", 5)
+    positions.touched("train", 5)
+    assert not positions.quiet("train", 5)
+    positions.forget()
+    clock[0] += positions_module.QUIET_AFTER
+    assert positions.quiet("train", 5)
