@@ -6,7 +6,8 @@ topic, replay is a straight read: ``groups()`` / ``batches()`` hand the groups
 to a trainer, or ``into_channel()`` re-emits them into another channel that an
 ordinary ``BatchConsumer`` reads. From the ``steps`` topic, ``into_channel()``
 re-publishes the steps (optionally with another ``n_rollouts``) so a worker
-re-assembles them under that channel's settings.
+re-assembles them under that channel's settings; a step whose prompt extends
+one before the window (schema v2) is rebuilt by reading back from its keyframe.
 
 Replay reads with ``assign()`` and never commits: the live trainer's consumer
 group is not touched. Partitions are read one after another, each in offset
@@ -16,6 +17,7 @@ order.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import sys
@@ -30,6 +32,7 @@ from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.kafka_config import client_config
 from trajbus.infra.topics import ensure_topics, read_partition, watermarks
 from trajbus.streams import codec
+from trajbus.streams.prefix import PrefixError, PrefixResolver, StepDelta, step_of
 from trajbus.streams.producer import StepProducer
 from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
 from trajbus.streams.topics import DEFAULT_PREFIX, TopicSettings, groups_topic, steps_topic, validate_channel
@@ -98,6 +101,8 @@ class Replay:
             "group.id": f"{prefix}.replay.{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
             "enable.partition.eof": True, "fetch.wait.max.ms": 50, "logger": log}))
         self.ranges = self._resolve(start_time, end_time, start_offset, end_offset)
+        self._prefixes = PrefixResolver()
+        self._lookback: Consumer | None = None
 
     # -- the window -------------------------------------------------------------
     def _resolve(self, start_time: float | None, end_time: float | None, start_offset: int | None,
@@ -157,12 +162,32 @@ class Replay:
                     shown = time.monotonic()
                     print(f"\rreplay {self.topic}: {done}/{self.total} records", end="", file=sys.stderr, flush=True)
                 try:
-                    yield message, codec.decode(message.value())
+                    yield message, self._whole(partition, message, codec.decode(message.value()))
                 except ValueError as exc:
                     log.warning("replay skips undecodable record %s[%d]@%d: %s", self.topic, partition,
                                 message.offset(), exc)
         if self.progress and self.total:
             print(file=sys.stderr)
+
+    def _whole(self, partition: int, message: Any, record: Any) -> Any:
+        """A step with its whole prompt. One that extends a step before the window is resolved by
+        reading back from its keyframe (found by time: a record's timestamp is its ``created_at``);
+        raises ``PrefixError`` (a ``ValueError``) where that lies before the retained log."""
+        if not isinstance(record, (Step, StepDelta)):
+            return record
+        if isinstance(record, StepDelta) and not self._prefixes.knows(record):
+            start = self._offset_for_time(partition, record.keyframe_at, message.offset())
+            if self._lookback is None:
+                self._lookback = Consumer(client_config(self.bootstrap_servers, {
+                    "group.id": f"{self.prefix}.replay-lookback.{uuid.uuid4().hex[:8]}",
+                    "enable.auto.commit": False, "enable.partition.eof": True, "logger": log}))
+            uid = record.step.trajectory_uid
+            for earlier in read_partition(self._lookback, self.topic, partition, start, message.offset()):
+                found = codec.decode(earlier.value())
+                if isinstance(found, (Step, StepDelta)) and step_of(found).trajectory_uid == uid:
+                    with contextlib.suppress(PrefixError):  # a step of the chain before its keyframe
+                        self._prefixes.resolve(found)
+        return self._prefixes.resolve(record)
 
     def _wanted(self, steps: list[Step]) -> bool:
         return self.policy_versions is None or all(s.policy_version in self.policy_versions for s in steps)
@@ -255,6 +280,8 @@ class Replay:
 
     def close(self) -> None:
         self._consumer.close()
+        if self._lookback is not None:
+            self._lookback.close()
 
     def __enter__(self) -> "Replay":
         return self

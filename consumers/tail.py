@@ -20,6 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Message, Top
 from trajbus.infra.kafka_config import client_config
 from trajbus.streams import codec
 from trajbus.streams.dlq import REASON
+from trajbus.streams.prefix import StepDelta
 from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,10 @@ def describe(message: Message) -> dict[str, Any]:
             record = codec.decode(value)
         except ValueError as exc:
             return {**where, "kind": "undecodable", "error": str(exc), "bytes": len(value)}
+        if isinstance(record, StepDelta):  # its prompt_ids: the tokens after a prefix of step base_index
+            return {**where, "kind": "step", "record": {
+                **dataclasses.asdict(record.step),
+                "prompt_extends": {"step_index": record.base_index, "prefix_len": record.prefix_len}}}
         kind = {Step: "step", TrajectoryEnd: "end", ReadyGroup: "group"}[type(record)]
         return {**where, "kind": kind, "record": dataclasses.asdict(record)}
     try:
@@ -56,8 +61,11 @@ def readable(entry: dict[str, Any]) -> str:
     record = entry.get("record")
     kind = entry["kind"]
     if kind == "step":
+        extends = record.get("prompt_extends")
+        new = len(record["prompt_ids"])
+        prompt = f"{new}" if extends is None else f"{extends['prefix_len'] + new} (#{extends['step_index']}+{new})"
         return (f"{head} step {record['trajectory_uid']}#{record['step_index']} v{record['policy_version']} "
-                f"prompt={len(record['prompt_ids'])} response={len(record['response_ids'])} "
+                f"prompt={prompt} response={len(record['response_ids'])} "
                 f"reward={record['reward']:g}" + (" last" if record["is_last"] else ""))
     if kind == "end":
         return f"{head} end {record['trajectory_uid']} reward={record['reward']}"

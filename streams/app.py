@@ -1,5 +1,8 @@
 """The Faust stream processor: step events in, ready prompt groups out, exactly once per group.
 
+This module holds the events and the periodic work; emitting is ``streams.emission``,
+recovering a partition ``streams.recovery``.
+
 One agent consumes ``{prefix}.steps.{channel}`` of every configured channel.
 All assembly state lives in one Faust table, ``assembly``, backed by a compacted
 changelog topic, so a worker that dies loses nothing and another worker can take
@@ -10,23 +13,13 @@ step count, never its tokens; the bodies come from memory or the steps topic
 (see ``StateKey``): writes made outside an event (timeouts) still land in the right
 changelog partition, and all state of a partition is ordered in one changelog partition.
 
-Exactly once out, with at-least-once in:
-- a group is written to ``{prefix}.groups.{channel}`` and its acknowledgement is
-  awaited *before* the table records it as emitted: the groups topic is never
-  behind the table;
-- each emitted group carries its source partition and offset in headers, and
-  the table keeps a per-partition watermark of the groups-topic offsets it has
-  recorded; when a worker (re)gains a partition it reads the groups topic past
-  that watermark and records what an earlier owner emitted but did not get to
-  record: such groups are never emitted again;
-- an event at or below an emitted group's last source offset is a replay
-  (counted as duplicate); one above it is late and goes to the DLQ.
-
-Nothing in, lost: the table also keeps each partition's applied source position
-(``o`` keys). Faust's committed offsets are only where it resumes; where it
-resumes past the table's position, or leaves a partition's tail undelivered
-after a rebalance (both seen with faust-streaming 0.15), the range is read
-directly and applied in order.
+Exactly once out, with at-least-once in: a group is acknowledged on the groups
+topic before the table records it (``streams.emission``), and a worker that
+(re)gains a partition first records what an earlier owner emitted
+(``streams.recovery``); an event at or below an emitted group's last source offset
+is a replay (counted as duplicate), one above it is late and goes to the DLQ.
+Nothing in is lost: the table keeps each partition's applied source position
+(``streams.positions``), and what Faust skips or never delivers is read directly.
 
 A group is emitted the moment it is ready, whatever older groups still wait.
 """
@@ -47,30 +40,26 @@ from confluent_kafka import Producer
 from prometheus_client import start_http_server
 
 from trajbus.infra.kafka_config import client_config, faust_credentials
-from trajbus.infra.topics import end_offsets_of
 from trajbus.streams import codec
 from trajbus.streams.assembly import Outcome, PendingGroup
 from trajbus.streams.bodies import StepBodies
 from trajbus.streams.dlq import dlq_headers
+from trajbus.streams.emission import PREFIX_MISMATCH, GroupEmission
 from trajbus.streams.faust_app import IdempotentApp, PartitionKeyedTable
-from trajbus.streams.filters import judge
 from trajbus.streams.policy import PolicyWatcher
+from trajbus.streams.prefix import StepDelta, step_of
 from trajbus.streams.positions import SourcePositions
 from trajbus.streams.queue_bound import bound_queues
-from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.recovery import PartitionRecovery
+from trajbus.streams.records import Step, TrajectoryEnd
 from trajbus.streams.settings import WorkerSettings
-from trajbus.streams.state_keys import (SOURCE_OFFSET, SOURCE_PARTITION, SourceRecord, StateKey, emitted_past,
-                                        read_range)
+from trajbus.streams.state_keys import SourceRecord, StateKey, read_range
 from trajbus.streams.stats import WorkerMetrics, encode_snapshot
 from trajbus.streams.topics import channel_of, dlq_topic, groups_topic, stats_topic, steps_topic
 
 log = logging.getLogger("trajbus.worker")
 
 DROP_TIMEOUT = "timeout"
-TOO_LARGE = "too_large"
-STEPS_EXPIRED = "steps_expired"
-RECORD_OVERHEAD = 64 * 1024
-"""Bytes a group record may need beyond its value (key, headers, batch framing), with a wide margin."""
 EXPIRE_EVERY = 60.0
 STATE_TABLE = "assembly"
 """The table (and ``{app_id}-assembly-changelog``); named anew when its values changed meaning: a
@@ -81,7 +70,7 @@ def _broker_urls(bootstrap_servers: str) -> list[str]:
     return [f"kafka://{server.strip()}" for server in bootstrap_servers.split(",") if server.strip()]
 
 
-class GroupAssembler:
+class GroupAssembler(PartitionRecovery, GroupEmission):
     """The worker's logic, wired to a Faust app by ``build_app``."""
 
     def __init__(self, app: faust.App, bootstrap_servers: str, settings: WorkerSettings) -> None:
@@ -158,15 +147,6 @@ class GroupAssembler:
                 await self.apply_range(channel, partition, expected, message.offset, "skipped by the consumer")
             await self.apply_at(channel, partition, message)
 
-    async def apply_range(self, channel: str, partition: int, start: int, end: int, why: str) -> None:
-        """Read ``start <= offset < end`` of a steps partition directly and apply what is still new."""
-        topic = steps_topic(channel, self.prefix)
-        log.warning("source offsets %d..%d of %s[%d] %s; reading them directly", start, end - 1, topic, partition,
-                    why)
-        for record in await asyncio.to_thread(read_range, self.bootstrap_servers, topic, partition, start, end):
-            if record.offset >= self.positions.expected.get((channel, partition), start):
-                await self.apply_at(channel, partition, record)
-
     async def apply_at(self, channel: str, partition: int, message: Any) -> None:
         try:
             await self.process(channel, partition, message)
@@ -174,51 +154,27 @@ class GroupAssembler:
             self.positions.advance(channel, partition, message.offset)
             self.metrics.source_position.labels(channel, str(partition)).set(message.offset + 1)
 
-    async def catch_up(self) -> None:
-        """Apply records Faust never delivered: where a quiet partition's log ends past our
-        position (Faust can resume a partition at its end after a rebalance, or never fetch an
-        assigned partition at all, and then nothing would reveal the skip)."""
-        quiet: list[tuple[str, int]] = []
-        for partition in self.active_partitions():
-            for channel in self.settings.channels:
-                position = self.positions.known(channel, partition)
-                if position is not None:  # an owned partition with nothing new still reports where it is
-                    self.metrics.source_position.labels(channel, str(partition)).set(position)
-                if self.positions.quiet(channel, partition):
-                    quiet.append((channel, partition))
-        if not quiet:
-            return
-        ends = await asyncio.to_thread(end_offsets_of, self.bootstrap_servers,
-                                       [(steps_topic(c, self.prefix), p) for c, p in quiet])
-        for channel, partition in quiet:
-            end = ends[(steps_topic(channel, self.prefix), partition)]
-            async with self.lock(partition):
-                start = self.positions.known(channel, partition)
-                if start is None and end > 0:  # never delivered: from where the worker group resumes
-                    await self.ensure_reconciled(partition)
-                    start = await self.positions.start_of(channel, partition)
-                if start is not None and end > start:
-                    await self.apply_range(channel, partition, start, end, "not delivered by the consumer")
-            self.positions.touched(channel, partition)
-
     async def process(self, channel: str, partition: int, message: Any) -> None:
         """Decode, check and apply one event; what cannot be applied goes to the DLQ."""
         try:
             record = codec.decode(message.value)
-            if not isinstance(record, (Step, TrajectoryEnd)):
+            if not isinstance(record, (Step, StepDelta, TrajectoryEnd)):
                 raise codec.DecodeError(f"a {type(record).__name__} does not belong on a steps topic")
-            record.validate()
+            event = step_of(record) if isinstance(record, StepDelta) else record
+            event.validate()
         except ValueError as exc:
             await self.to_dlq(message, channel, f"undecodable: {exc}")
             return
-        if record.channel is not None and record.channel != channel:
+        if event.channel is not None and event.channel != channel:
             await self.to_dlq(message, channel,
-                              f"channel_mismatch: record says {record.channel!r}, topic is {channel!r}")
+                              f"channel_mismatch: record says {event.channel!r}, topic is {channel!r}")
             return
-        self.metrics.events.labels(channel, "step" if isinstance(record, Step) else "trajectory_end").inc()
+        self.metrics.events.labels(channel, "trajectory_end" if isinstance(event, TrajectoryEnd) else "step").inc()
         await self.apply(partition, channel, record, message)
 
-    async def apply(self, partition: int, channel: str, record: Step | TrajectoryEnd, message: Any) -> None:
+    async def apply(self, partition: int, channel: str, record: Step | StepDelta | TrajectoryEnd,
+                    message: Any) -> None:
+        delta, record = (record, step_of(record)) if isinstance(record, StepDelta) else (None, record)
         marker = self.state.get(StateKey(partition, "e", channel, record.prompt_uid).encode())
         if marker is not None:
             if message.offset <= json.loads(marker)["offset"]:
@@ -235,6 +191,10 @@ class GroupAssembler:
             self.metrics.duplicates.labels(channel).inc()  # replayed past a lagging saved position
             return
         uid = record.trajectory_uid  # the one trajectory an event can complete
+        if delta is not None and delta.base_index not in group.trajectories.get(uid, {}):
+            await self.to_dlq(message, channel, f"{PREFIX_MISMATCH}: step {uid}#{record.step_index} extends step "
+                                                f"{delta.base_index}, which its trajectory does not have")
+            return
         was_complete = uid in group.trajectories and group.is_complete(uid)
         outcome = group.add(record, message.offset, self.settings.channel(channel).n_rollouts)
         if outcome is Outcome.UNKNOWN_TRAJECTORY:
@@ -252,106 +212,6 @@ class GroupAssembler:
             await self.finish(partition, group, "complete")
         else:
             self.state[key] = group.encode()
-
-    async def finish(self, partition: int, group: PendingGroup, status: str) -> None:
-        """Filter, emit (acknowledged), then record the outcome; the pending state goes."""
-        channel = group.channel
-        rules = self.settings.channel(channel)
-        try:
-            bodies = await self.bodies.steps((channel, partition), group.chosen_offsets().values())
-        except LookupError as exc:
-            self.metrics.dropped.labels(channel, STEPS_EXPIRED).inc()
-            log.error("group dropped channel=%s prompt_uid=%s reason=%s", channel, group.prompt_uid, exc)
-            self.record_outcome(partition, group, f"dropped ({STEPS_EXPIRED})")
-            return
-        ready = group.to_ready_group(bodies, rules.n_rollouts, status=status)
-        self.metrics.groups.labels(channel, "ready" if status == "complete" else status).inc()
-        verdict = judge(ready, rules, self.current_version(channel), self.filters[channel])
-        if verdict.staleness is not None:
-            self.metrics.staleness.labels(channel).observe(verdict.staleness)
-        if not verdict.keep:
-            self.metrics.dropped.labels(channel, verdict.reason).inc()
-            log.info("group dropped channel=%s prompt_uid=%s reason=%s", channel, group.prompt_uid, verdict.reason)
-            self.record_outcome(partition, group, f"dropped ({verdict.reason})")
-            return
-        ready.ready_at = time.time()
-        value = codec.encode(ready)
-        if len(value) + RECORD_OVERHEAD > self.settings.topics.max_message_bytes:
-            await self.refuse_oversized(partition, group, ready, len(value))
-            return
-        groups_partition, offset = await self.emit(partition, group, ready, value)
-        # Marker before watermark: both go to one changelog partition, in order, so
-        # a recovered watermark always implies the markers of the groups below it.
-        self.record_outcome(partition, group, "emitted")
-        self.advance_watermark(partition, channel, groups_partition, offset)
-
-    async def refuse_oversized(self, partition: int, group: PendingGroup, ready: ReadyGroup, size: int) -> None:
-        """A group no record can carry: its reason (not its body) to the DLQ, the group dropped; assembly of
-        every other group goes on (a send of it would fail, and stop the agent for all its partitions)."""
-        channel = group.channel
-        reason = (f"{TOO_LARGE}: group of {size} bytes ({len(ready.trajectory_uids)} trajectories, "
-                  f"{len(ready.steps)} steps) exceeds max.message.bytes {self.settings.topics.max_message_bytes}")
-        headers = dlq_headers(codec.headers_for(ready), reason, steps_topic(channel, self.prefix), partition,
-                              group.last_offset)
-        await (await self.dlq.send(key=ready.prompt_uid.encode(), value=None, headers=headers))
-        self.metrics.dlq.labels(channel, TOO_LARGE).inc()
-        self.metrics.dropped.labels(channel, TOO_LARGE).inc()
-        log.warning("group dropped channel=%s prompt_uid=%s reason=%s", channel, group.prompt_uid, reason)
-        self.record_outcome(partition, group, f"dropped ({TOO_LARGE})")
-
-    async def emit(self, partition: int, group: PendingGroup, ready: ReadyGroup, value: bytes) -> tuple[int, int]:
-        """Write the group (``value``, encoded) and wait for the broker's acknowledgement; returns (partition,
-        offset)."""
-        headers = codec.headers_for(ready) + [
-            (SOURCE_PARTITION, str(partition).encode()), (SOURCE_OFFSET, str(group.last_offset).encode()),
-        ]
-        sent = await self.outputs[group.channel].send(key=ready.prompt_uid.encode(), value=value,
-                                                      headers=headers, timestamp=ready.ready_at)
-        metadata = await sent  # the broker's acknowledgement, before the table says "emitted"
-        self.metrics.groups.labels(group.channel, "emitted").inc()
-        log.info("group emitted channel=%s prompt_uid=%s status=%s trajectories=%d steps=%d offset=%d",
-                 group.channel, ready.prompt_uid, ready.status, len(ready.trajectory_uids), len(ready.steps),
-                 metadata.offset)
-        return metadata.partition, metadata.offset
-
-    def record_outcome(self, partition: int, group: PendingGroup, outcome: str) -> None:
-        self.state[StateKey(partition, "e", group.channel, group.prompt_uid).encode()] = json.dumps(
-            {"offset": group.last_offset, "at": time.time(), "outcome": outcome}).encode()
-        self.state.pop(StateKey(partition, "g", group.channel, group.prompt_uid).encode(), None)
-        self.bodies.forget((group.channel, partition), group.offsets())
-
-    def advance_watermark(self, partition: int, channel: str, groups_partition: int, offset: int) -> None:
-        key = StateKey(partition, "w", channel).encode()
-        marks = json.loads(self.state.get(key) or b"{}")
-        if offset > marks.get(str(groups_partition), -1):
-            marks[str(groups_partition)] = offset
-            self.state[key] = json.dumps(marks).encode()
-
-    # -- recovery ------------------------------------------------------------------
-    def forget_positions(self) -> None:
-        """After a rebalance, positions and reconciliation are re-read from the recovered table."""
-        self.reconciled.clear()
-        self.positions.forget()
-
-    async def ensure_reconciled(self, partition: int) -> None:
-        """Once per assignment: record what earlier owners emitted from this partition but did not record."""
-        if partition in self.reconciled:
-            return
-        for channel in self.settings.channels:
-            marks = json.loads(self.state.get(StateKey(partition, "w", channel).encode()) or b"{}")
-            found = await asyncio.to_thread(emitted_past, self.bootstrap_servers, groups_topic(channel, self.prefix),
-                                            partition, marks)
-            for prompt_uid, (groups_partition, offset, source_offset) in found.items():
-                marker = StateKey(partition, "e", channel, prompt_uid).encode()
-                if self.state.get(marker) is None:
-                    self.state[marker] = json.dumps(
-                        {"offset": source_offset, "at": time.time(), "outcome": "emitted"}).encode()
-                    stored = self.state.pop(StateKey(partition, "g", channel, prompt_uid).encode(), None)
-                    if stored is not None:
-                        self.bodies.forget((channel, partition), PendingGroup.decode(stored).offsets())
-                    log.info("reconciled emitted group channel=%s prompt_uid=%s", channel, prompt_uid)
-                self.advance_watermark(partition, channel, groups_partition, offset)
-        self.reconciled.add(partition)
 
     # -- periodic work -------------------------------------------------------------
     def ready_for_periodic_work(self) -> bool:

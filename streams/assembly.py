@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping
 
+from trajbus.streams.prefix import StepDelta, step_of, with_step
 from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
 
 
@@ -114,24 +115,25 @@ class PendingGroup:
         """Every source offset of a step this group holds."""
         return [offset for steps in self.trajectories.values() for offset in steps.values()]
 
-    def to_ready_group(self, bodies: Mapping[int, Step], default_n_rollouts: int,
-                       status: str = "complete") -> ReadyGroup:
+    def to_ready_group(self, bodies: Mapping[int, Step | StepDelta], default_n_rollouts: int,
+                       status: str = "complete") -> tuple[ReadyGroup, list[Step | StepDelta]]:
         """The complete trajectories' steps (``bodies`` by source offset: at least ``chosen_offsets``),
-        ordered by (trajectory_uid, step_index); each trajectory's last step carries its end's reward."""
-        steps = [bodies[offset] for offset in self.chosen_offsets().values()]
+        ordered by (trajectory_uid, step_index); each trajectory's last step carries its end's reward.
+        Also the same records as read, for ``prefix.regroup``: a ``StepDelta``'s step (in the group
+        too) holds only the tokens after its prefix."""
+        records = [bodies[offset] for offset in self.chosen_offsets().values()]
         last_of: dict[str, int] = {}
-        for position, step in enumerate(steps):
-            last_of[step.trajectory_uid] = position
+        for position, record in enumerate(records):
+            last_of[step_of(record).trajectory_uid] = position
         for uid, position in last_of.items():
-            reward = self.ended.get(uid)
-            if reward is not None or not steps[position].is_last:
-                steps[position] = dataclasses.replace(
-                    steps[position], is_last=True,
-                    reward=steps[position].reward if reward is None else reward,
-                )
-        return ReadyGroup(prompt_uid=self.prompt_uid, channel=self.channel, steps=steps,
-                          n_rollouts=self.expected_size(default_n_rollouts), status=status,
-                          metadata={"first_seen": self.first_seen})
+            reward, step = self.ended.get(uid), step_of(records[position])
+            if reward is not None or not step.is_last:
+                records[position] = with_step(records[position], dataclasses.replace(
+                    step, is_last=True, reward=step.reward if reward is None else reward))
+        ready = ReadyGroup(prompt_uid=self.prompt_uid, channel=self.channel, steps=[step_of(r) for r in records],
+                           n_rollouts=self.expected_size(default_n_rollouts), status=status,
+                           metadata={"first_seen": self.first_seen})
+        return ready, records
 
     # -- persistence (values of the Faust table) ---------------------------------
     def encode(self) -> bytes:

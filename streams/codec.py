@@ -5,7 +5,8 @@ width that holds their largest id (1, 2 or 4 bytes, little-endian): a 32k-151k
 vocabulary costs 2 or 4 bytes per token instead of JSON's 6-7, and decoding is
 one ``frombuffer`` call in any language. Log-probs are float32 (what engines
 report). Everything else is a handful of fixed-width fields and length-prefixed
-UTF-8 strings.
+UTF-8 strings. Schema v2 stores a prompt against a prefix stored elsewhere
+(``streams.prefix``); v1 values still decode.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from typing import Union
 
 import numpy as np
 
+from trajbus.streams.prefix import (PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL, PrefixError,
+                                    StepDelta, resolve_group, structure)
 from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MAGIC = b"TB"
 
 KIND_STEP = 1
@@ -37,13 +41,15 @@ FLAG_IS_LAST = 0x01
 FLAG_HAS_LOG_PROBS = 0x02
 FLAG_HAS_REWARD = 0x01
 
-StepEvent = Union[Step, TrajectoryEnd]
-Record = Union[Step, TrajectoryEnd, ReadyGroup]
+StepEvent = Union[Step, StepDelta, TrajectoryEnd]
+Record = Union[Step, StepDelta, TrajectoryEnd, ReadyGroup]
 
 _STEP_FIXED = struct.Struct("<IqdBId")  # step_index, policy_version, reward, flags, n_rollouts, created_at
 _END_FIXED = struct.Struct("<BdId")  # flags, reward, n_rollouts, created_at
 _GROUP_FIXED = struct.Struct("<Id")  # n_rollouts, ready_at
 _PREAMBLE = struct.Struct("<2sBB")  # magic, schema version, kind
+_STEP_REF = struct.Struct("<I")  # base_index
+_F64 = struct.Struct("<d")  # keyframe_at
 _WIDTH_DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
@@ -67,23 +73,36 @@ def _str(value: str) -> bytes:
     return _uvarint(len(raw)) + raw
 
 
-def _ids(ids: list[int]) -> bytes:
-    top = max(ids) if ids else 0
+def _ids(ids: list[int] | np.ndarray) -> bytes:
+    array = np.asarray(ids)
+    top = int(array.max()) if array.size else 0
     width = 1 if top < 0x100 else 2 if top < 0x10000 else 4
-    return bytes((width,)) + _uvarint(len(ids)) + np.asarray(ids, dtype=_WIDTH_DTYPES[width]).tobytes()
+    return bytes((width,)) + _uvarint(array.size) + array.astype(_WIDTH_DTYPES[width]).tobytes()
+
+
+def _prompt(delta: StepDelta) -> bytes:
+    rest = _ids(delta.step.prompt_ids)
+    if delta.kind == PROMPT_EXTENDS_STEP:
+        return (bytes((PROMPT_EXTENDS_STEP,)) + _STEP_REF.pack(delta.base_index) + _uvarint(delta.prefix_len)
+                + _F64.pack(delta.keyframe_at) + rest)
+    if delta.kind == PROMPT_EXTENDS_SHARED:
+        return bytes((PROMPT_EXTENDS_SHARED,)) + _uvarint(delta.prefix_len) + rest
+    return bytes((PROMPT_FULL,)) + rest
 
 
 def _metadata(metadata: dict) -> bytes:
     return _str(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False) if metadata else "")
 
 
-def _step_body(step: Step) -> bytes:
+def _step_body(record: Step | StepDelta) -> bytes:
+    delta = record if isinstance(record, StepDelta) else StepDelta(record, PROMPT_FULL, 0)
+    step = delta.step
     flags = (FLAG_IS_LAST if step.is_last else 0) | (FLAG_HAS_LOG_PROBS if step.rollout_log_probs is not None else 0)
     parts = [
         _str(step.trajectory_uid), _str(step.prompt_uid), _str(step.channel or ""),
         _STEP_FIXED.pack(step.step_index, step.policy_version, float(step.reward), flags,
                          step.n_rollouts or 0, float(step.created_at)),
-        _ids(step.prompt_ids), _ids(step.response_ids),
+        _prompt(delta), _ids(step.response_ids),
     ]
     if step.rollout_log_probs is not None:
         parts.append(np.asarray(step.rollout_log_probs, dtype="<f4").tobytes())
@@ -101,19 +120,24 @@ def _end_body(end: TrajectoryEnd) -> bytes:
 
 
 def _group_body(group: ReadyGroup) -> bytes:
+    return encode_group_body(group, *structure(group.steps))
+
+
+def encode_group_body(group: ReadyGroup, shared: np.ndarray, entries: list[StepDelta]) -> bytes:
+    """A group's body from its structure (``prefix.structure`` or ``prefix.regroup``); ``group.steps`` unused."""
     parts = [
         _str(group.prompt_uid), _str(group.channel), _GROUP_FIXED.pack(group.n_rollouts, float(group.ready_at)),
-        _str(group.status), _metadata(group.metadata), _uvarint(len(group.steps)),
+        _str(group.status), _metadata(group.metadata), _ids(shared), _uvarint(len(entries)),
     ]
-    for step in group.steps:
-        body = _step_body(step)
+    for entry in entries:
+        body = _step_body(entry)
         parts.append(_uvarint(len(body)))
         parts.append(body)
     return b"".join(parts)
 
 
 def kind_of(record: Record) -> int:
-    if isinstance(record, Step):
+    if isinstance(record, (Step, StepDelta)):
         return KIND_STEP
     if isinstance(record, TrajectoryEnd):
         return KIND_TRAJECTORY_END
@@ -123,10 +147,14 @@ def kind_of(record: Record) -> int:
 
 
 def encode(record: Record) -> bytes:
-    """The value bytes of a record (the caller validated it)."""
+    """The value bytes of a record (the caller validated it); a full ``Step`` is written whole."""
     kind = kind_of(record)
     body = {KIND_STEP: _step_body, KIND_TRAJECTORY_END: _end_body, KIND_READY_GROUP: _group_body}[kind](record)
-    return _PREAMBLE.pack(MAGIC, SCHEMA_VERSION, kind) + body
+    return preamble(kind) + body
+
+
+def preamble(kind: int) -> bytes:
+    return _PREAMBLE.pack(MAGIC, SCHEMA_VERSION, kind)
 
 
 def headers_for(record: Record) -> list[tuple[str, bytes]]:
@@ -179,12 +207,15 @@ class _Reader:
         return layout.unpack(self.take(layout.size))
 
     def ids(self) -> list[int]:
+        return self.id_array().tolist()
+
+    def id_array(self) -> np.ndarray:
         width = self.take(1)[0]
         dtype = _WIDTH_DTYPES.get(width)
         if dtype is None:
             raise DecodeError(f"token-id width {width} is not 1, 2 or 4")
         count = self.uvarint()
-        return np.frombuffer(self.take(count * width), dtype=dtype).tolist()
+        return np.frombuffer(self.take(count * width), dtype=dtype)
 
     def metadata(self) -> dict:
         text = self.str()
@@ -203,23 +234,45 @@ class _Reader:
             raise DecodeError(f"{len(self.buf) - self.pos} trailing bytes after the record")
 
 
-def _read_step(reader: _Reader) -> Step:
+def _read_prompt(reader: _Reader, version: int) -> tuple[int, int, int, float]:
+    """How a stored prompt starts: (form, prefix_len, base_index, keyframe_at); its own tokens follow."""
+    kind = PROMPT_FULL if version == 1 else reader.take(1)[0]
+    if kind == PROMPT_FULL:
+        return kind, 0, 0, 0.0
+    if kind == PROMPT_EXTENDS_STEP:
+        (base_index,) = reader.fixed(_STEP_REF)
+        prefix_len = reader.uvarint()
+        (keyframe_at,) = reader.fixed(_F64)
+        return kind, prefix_len, base_index, keyframe_at
+    if kind == PROMPT_EXTENDS_SHARED:
+        return kind, reader.uvarint(), 0, 0.0
+    raise DecodeError(f"unknown prompt form {kind}")
+
+
+def _read_step(reader: _Reader, version: int = SCHEMA_VERSION, in_group: bool = False) -> Step | StepDelta:
+    """A Step, or a StepDelta where the prompt extends a prefix stored elsewhere (always one in a group)."""
     trajectory_uid, prompt_uid, channel = reader.str(), reader.str(), reader.str()
     step_index, policy_version, reward, flags, n_rollouts, created_at = reader.fixed(_STEP_FIXED)
+    kind, prefix_len, base_index, keyframe_at = _read_prompt(reader, version)
+    if kind == PROMPT_EXTENDS_SHARED and not in_group:
+        raise DecodeError("a step outside a group cannot extend a group's shared prompt")
     prompt_ids = reader.ids()
     response_ids = reader.ids()
     log_probs = None
     if flags & FLAG_HAS_LOG_PROBS:
         log_probs = np.frombuffer(reader.take(4 * len(response_ids)), dtype="<f4").tolist()
-    return Step(
+    step = Step(
         prompt_ids=prompt_ids, response_ids=response_ids, trajectory_uid=trajectory_uid, prompt_uid=prompt_uid,
         step_index=step_index, reward=reward, policy_version=policy_version, is_last=bool(flags & FLAG_IS_LAST),
         metadata=reader.metadata(), rollout_log_probs=log_probs, created_at=created_at,
         channel=channel or None, n_rollouts=n_rollouts or None,
     )
+    if kind == PROMPT_FULL and not in_group:
+        return step
+    return StepDelta(step, kind, prefix_len, base_index, keyframe_at)
 
 
-def _read_end(reader: _Reader) -> TrajectoryEnd:
+def _read_end(reader: _Reader, version: int = SCHEMA_VERSION) -> TrajectoryEnd:
     trajectory_uid, prompt_uid, channel = reader.str(), reader.str(), reader.str()
     flags, reward, n_rollouts, created_at = reader.fixed(_END_FIXED)
     return TrajectoryEnd(
@@ -229,15 +282,20 @@ def _read_end(reader: _Reader) -> TrajectoryEnd:
     )
 
 
-def _read_group(reader: _Reader) -> ReadyGroup:
+def _read_group(reader: _Reader, version: int = SCHEMA_VERSION) -> ReadyGroup:
     prompt_uid, channel = reader.str(), reader.str()
     n_rollouts, ready_at = reader.fixed(_GROUP_FIXED)
     status, metadata = reader.str(), reader.metadata()
-    steps = []
+    shared = reader.id_array() if version > 1 else np.zeros(0, dtype=np.uint32)
+    entries = []
     for _ in range(reader.uvarint()):
         body = _Reader(reader.take(reader.uvarint()))
-        steps.append(_read_step(body))
+        entries.append(_read_step(body, version, in_group=True))
         body.done()
+    try:
+        steps = resolve_group(shared, entries)
+    except PrefixError as exc:
+        raise DecodeError(str(exc)) from None
     return ReadyGroup(prompt_uid=prompt_uid, channel=channel, steps=steps, n_rollouts=n_rollouts,
                       ready_at=ready_at, status=status, metadata=metadata)
 
@@ -255,13 +313,13 @@ def decode(value: bytes | None) -> Record:
     magic, version, kind = reader.fixed(_PREAMBLE)
     if magic != MAGIC:
         raise DecodeError(f"bad magic {bytes(magic)!r}: not a trajbus record")
-    if version != SCHEMA_VERSION:
-        raise DecodeError(f"schema version {version} is not supported (this reader knows {SCHEMA_VERSION})")
+    if version not in READABLE_VERSIONS:
+        raise DecodeError(f"schema version {version} is not supported (this reader knows {READABLE_VERSIONS})")
     read = _READERS.get(kind)
     if read is None:
         raise DecodeError(f"unknown record kind {kind}")
     try:
-        record = read(reader)
+        record = read(reader, version)
     except DecodeError:
         raise
     except (struct.error, ValueError, TypeError) as exc:

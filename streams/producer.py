@@ -4,6 +4,11 @@ Every call validates all of its records before producing any (nothing partial
 reaches Kafka), keys them by ``prompt_uid`` (one partition per prompt group, so
 order within a group is kept), and returns only once the broker acknowledged
 each record with ``acks=all`` on an idempotent producer.
+
+Steps go out in wire schema v2: a step whose prompt extends the prompt + response
+of its trajectory's previous step (as this producer sent it) is written as a
+reference plus its new tokens (``streams.prefix``), so a multi-turn trajectory
+costs its distinct tokens, not turns x context.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.topics import ensure_topics
 from trajbus.infra.kafka_config import client_config
 from trajbus.streams import codec
+from trajbus.streams.prefix import DEFAULT_MEMORY_BYTES, PrefixEncoder
 from trajbus.streams.records import END_STEPS, Step, TrajectoryEnd
 from trajbus.streams.topics import DEFAULT_PREFIX, TopicSettings, steps_topic, validate_channel
 
@@ -86,8 +92,11 @@ class StepProducer:
         settings: TopicSettings | None = None,
         timeout: float = 30.0,
         provision_topics: bool = True,
+        prefix_memory_bytes: int = DEFAULT_MEMORY_BYTES,
         **config: Any,
     ) -> None:
+        """``prefix_memory_bytes`` bounds the last contexts remembered per open trajectory (least recently
+        used out first): a trajectory forgotten writes its next step whole."""
         self.bootstrap_servers = resolve_bootstrap_servers(bootstrap_servers)
         self.settings = settings or TopicSettings(prefix=prefix)
         self.prefix = self.settings.prefix
@@ -96,6 +105,8 @@ class StepProducer:
         self._provisioned: set[str] = set()
         self._provision_lock = threading.Lock()
         self._closed = False
+        self._prefixes = PrefixEncoder(prefix_memory_bytes)
+        self._encode_lock = threading.Lock()
         self._producer = Producer(client_config(self.bootstrap_servers, {
             "logger": log,  # librdkafka logs as structured Python log lines, not raw stderr
             "enable.idempotence": True,  # acks=all, no duplicates from internal retries
@@ -133,10 +144,29 @@ class StepProducer:
             self.provision(channel)
         return topic
 
+    def _encode(self, records: list[Step | TrajectoryEnd]) -> list[bytes]:
+        with self._encode_lock:
+            payloads = []
+            for record in records:
+                if isinstance(record, Step):
+                    payloads.append(codec.encode(self._prefixes.delta(record)))
+                else:
+                    self._prefixes.forget(record.trajectory_uid)
+                    payloads.append(codec.encode(record))
+            return payloads
+
     def _publish(self, topic: str, records: list[Step | TrajectoryEnd]) -> int:
+        try:
+            return self._send(topic, records, self._encode(records))
+        except Exception:
+            with self._encode_lock:  # a step may not have reached the broker: none is a base any more
+                for record in records:
+                    self._prefixes.forget(record.trajectory_uid)
+            raise
+
+    def _send(self, topic: str, records: list[Step | TrajectoryEnd], payloads: list[bytes]) -> int:
         acks = _Acks(len(records))
-        for record in records:
-            payload = codec.encode(record)
+        for record, payload in zip(records, payloads):
             while True:
                 try:
                     # The record's timestamp is the event's creation time, so a replay by

@@ -21,6 +21,7 @@ from trajbus.consumers import BatchConsumer
 from trajbus.pipelines.processes import worker_process
 from trajbus.streams import codec
 from trajbus.streams.dlq import REASON, SOURCE_TOPIC
+from trajbus.streams.prefix import PROMPT_EXTENDS_STEP, StepDelta
 from trajbus.streams.policy import PolicyVersionPublisher
 from trajbus.streams.producer import StepProducer
 from trajbus.streams.records import ReadyGroup, Step
@@ -172,11 +173,15 @@ def test_duplicates_count_once_and_bad_events_go_to_dlq(bootstrap_servers, rules
     raw = Producer({"bootstrap.servers": bootstrap_servers, "partitioner": "murmur2_random"})
     wrong = Step(prompt_ids=[1], response_ids=[2], trajectory_uid="x", prompt_uid="y", channel="val")
     raw.produce(steps_topic("train", prefix), key=b"y", value=codec.encode(wrong))  # channel mismatch
+    orphan = Step(prompt_ids=[5], response_ids=[6], trajectory_uid="o/t0", prompt_uid="o", step_index=1)
+    raw.produce(steps_topic("train", prefix), key=b"o",  # extends a step 0 that was never sent
+                value=codec.encode(StepDelta(orphan, PROMPT_EXTENDS_STEP, prefix_len=3, base_index=0)))
     assert raw.flush(30) == 0
     raw.close()
-    reasons = wait_for(lambda: len(r := dlq_reasons(bootstrap_servers, prefix, "train")) >= 3 and r,
-                       60, "three DLQ records from channel train")
-    assert len(reasons) == 3, reasons
+    reasons = wait_for(lambda: len(r := dlq_reasons(bootstrap_servers, prefix, "train")) >= 4 and r,
+                       60, "four DLQ records from channel train")
+    assert len(reasons) == 4, reasons
+    assert sum(r.startswith("prefix_mismatch: step o/t0#1 extends step 0") for r in reasons) == 1
     assert sum(r.startswith("late: group already emitted") for r in reasons) == 1
     assert sum(r.startswith("unknown_trajectory: nobody") for r in reasons) == 1
     assert sum(r.startswith("channel_mismatch: record says 'val'") for r in reasons) == 1

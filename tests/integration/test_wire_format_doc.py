@@ -27,12 +27,19 @@ def test_the_documented_plain_kafka_subscriber_decodes_steps_and_groups(bootstra
     from trajbus.pipelines.synthetic import make_groups
     from trajbus.streams.producer import StepProducer
     from tests.helpers import through_worker, wait_for
+    from tests.unit.test_prefix import trajectory
 
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
     helpers = blocks[0].split("value = ...")[0]
     script = tmp_path / "subscriber.py"
     script.write_text(BLOCK_TRAJBUS + helpers + blocks[1])
     sent, stream = make_groups(3, 2, 2, seed=4)
+    multi_turn = [trajectory(f"mt/r{r}", 4) for r in range(2)]  # prompts that grow: stored as deltas
+    for r, steps in enumerate(multi_turn):
+        for step in steps:
+            step.prompt_uid, step.reward = "mt", float(r) if step.is_last else 0.0
+    sent["mt"] = [s for t in multi_turn for s in t]
+    stream += sorted(sent["mt"], key=lambda s: s.step_index)
     through_worker(bootstrap_servers, prefix, start_worker, stream, n_rollouts=2)
     with StepProducer(bootstrap_servers, prefix=prefix) as producer:
         producer.complete_trajectory("extra-t", sorted(sent)[0], reward=None)  # an end without a reward
@@ -43,8 +50,8 @@ def test_the_documented_plain_kafka_subscriber_decodes_steps_and_groups(bootstra
         assert out.returncode == 0, out.stderr
         return [json.loads(line) for line in out.stdout.splitlines()]
 
-    records = wait_for(lambda: (r := run()) and sum(x["kind"] == "group" for x in r) == 3 and r, 60,
-                       "three groups for the plain subscriber")
+    records = wait_for(lambda: (r := run()) and sum(x["kind"] == "group" for x in r) == 4 and r, 60,
+                       "four groups for the plain subscriber")
     steps = [r for r in records if r["kind"] == "step"]
     by_key = {(s.trajectory_uid, s.step_index): s for group in sent.values() for s in group}
     assert len(steps) == len(stream)
@@ -59,6 +66,6 @@ def test_the_documented_plain_kafka_subscriber_decodes_steps_and_groups(bootstra
     groups = {r["prompt_uid"]: r for r in records if r["kind"] == "group"}
     assert set(groups) == set(sent)
     for uid, group in groups.items():
-        assert [(s["trajectory_uid"], s["step_index"], s["response_ids"]) for s in group["steps"]] == \
-            sorted((s.trajectory_uid, s.step_index, s.response_ids) for s in sent[uid])
+        assert [(s["trajectory_uid"], s["step_index"], s["prompt_ids"], s["response_ids"]) for s in group["steps"]] \
+            == sorted((s.trajectory_uid, s.step_index, s.prompt_ids, s.response_ids) for s in sent[uid])
         assert group["status"] == "complete" and group["n_rollouts"] == 2

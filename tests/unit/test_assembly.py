@@ -18,7 +18,7 @@ class Log:
         return self.group.add(event, len(self.records) - 1, default_n_rollouts)
 
     def ready(self, default_n_rollouts: int):
-        return self.group.to_ready_group(dict(enumerate(self.records)), default_n_rollouts)
+        return self.group.to_ready_group(dict(enumerate(self.records)), default_n_rollouts)[0]
 
 
 def step(traj: str, index: int, last: bool = False, reward: float = 0.0, n_rollouts=None) -> Step:

@@ -65,8 +65,8 @@ def test_ready_group_round_trip():
 
 def test_headers_name_schema_version_and_content_type():
     headers = dict(codec.headers_for(make_step()))
-    assert headers["trajbus-schema-version"] == b"1"
-    assert headers["content-type"] == b"application/vnd.trajbus.step; v=1"
+    assert headers["trajbus-schema-version"] == b"2"
+    assert headers["content-type"] == b"application/vnd.trajbus.step; v=2"
     group_headers = dict(codec.headers_for(ReadyGroup("p", "train", [], 1)))
     assert group_headers["content-type"].startswith(b"application/vnd.trajbus.ready-group")
 
@@ -103,8 +103,27 @@ def test_truncated_and_padded_values_are_refused():
 
 def test_bad_token_width_is_refused():
     data = bytearray(codec.encode(make_step(channel=None, metadata={}, rollout_log_probs=None)))
-    header = 4 + len(b"\x06traj-1\x08prompt-1\x00") + struct.calcsize("<IqdBId")
+    header = 4 + len(b"\x06traj-1\x08prompt-1\x00") + struct.calcsize("<IqdBId") + 1  # + the prompt form
     assert data[header] == 1  # width byte of prompt_ids
     data[header] = 3
     with pytest.raises(codec.DecodeError, match="width 3"):
+        codec.decode(bytes(data))
+
+
+def as_version_1(value: bytes, prompt_at: int) -> bytes:
+    """A v2 value of a whole-prompt step as schema v1 wrote it: version 1, no prompt-form byte."""
+    assert value[prompt_at] == 0
+    return value[:2] + b"\x01" + value[3:prompt_at] + value[prompt_at + 1:]
+
+
+def test_version_1_values_still_decode():
+    step = make_step(channel=None, metadata={})
+    v1 = as_version_1(codec.encode(step), 4 + len(b"\x06traj-1\x08prompt-1\x00") + struct.calcsize("<IqdBId"))
+    assert codec.decode(v1) == step
+
+
+def test_a_steps_topic_record_cannot_extend_a_group_prompt():
+    data = bytearray(codec.encode(make_step(channel=None, metadata={})))
+    data[4 + len(b"\x06traj-1\x08prompt-1\x00") + struct.calcsize("<IqdBId")] = 2
+    with pytest.raises(codec.DecodeError, match="shared prompt"):
         codec.decode(bytes(data))

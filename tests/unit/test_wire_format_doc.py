@@ -5,8 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from trajbus.streams import codec
-from trajbus.streams.records import Step
+from trajbus.streams.prefix import PrefixEncoder
+from trajbus.streams.records import ReadyGroup, Step
+from tests.unit.test_prefix import trajectory
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "wire-format.md"
 
@@ -26,19 +30,34 @@ def test_documented_step_decoder_reads_what_the_codec_writes():
                     step_index=4, reward=-1.25, policy_version=3, is_last=True, metadata={"k": "v"},
                     rollout_log_probs=[-0.5, -2.0], channel="train", n_rollouts=4)
         value = codec.encode(step)
-        assert value[:2] == b"TB" and value[2] == 1 and value[3] == 1
+        assert value[:2] == b"TB" and value[2] == 2 and value[3] == 1
         decoded, end = step_body(value, 4)
         assert end == len(value)
         assert decoded == dict(trajectory_uid="tr-é", prompt_uid="p", step_index=4, reward=-1.25, is_last=True,
                                prompt_ids=[top, 1, 2], response_ids=[3, top], rollout_log_probs=[-0.5, -2.0],
-                               metadata={"k": "v"})
+                               metadata={"k": "v"}, prompt_form=0, prefix_len=0, base_index=0, keyframe_at=0.0)
+
+
+def test_documented_decoder_resolves_a_multi_turn_trajectory_as_the_producer_writes_it():
+    ns = documented_decoder()
+    encoder, contexts = PrefixEncoder(), {}
+    steps = trajectory("t", 5)
+    for step in steps:
+        value = codec.encode(encoder.delta(step))
+        decoded, _ = ns["step_body"](value, 4, value[2])
+        resolved = ns["resolve"](decoded, contexts)
+        assert (resolved["prompt_ids"], resolved["response_ids"]) == (step.prompt_ids, step.response_ids)
+    assert ns["step_body"](codec.encode(encoder.delta(trajectory("u", 2)[1])), 4)[0]["prompt_form"] == 0
+    encoder = PrefixEncoder()  # a reader that never saw step 0 of "t2" cannot resolve step 1
+    encoder.delta(trajectory("t2", 2)[0])
+    orphan, _ = ns["step_body"](codec.encode(encoder.delta(trajectory("t2", 2)[1])), 4)
+    with pytest.raises(KeyError):
+        ns["resolve"](orphan, {})
 
 
 def test_documented_decoder_reads_the_steps_inside_a_ready_group():
     ns = documented_decoder()
-    steps = [Step(prompt_ids=[1], response_ids=[i], trajectory_uid=f"t{i}", prompt_uid="p") for i in range(3)]
-    from trajbus.streams.records import ReadyGroup
-
+    steps = [s for uid in ("t0", "t1", "t2") for s in trajectory(uid, 3)]
     value = codec.encode(ReadyGroup("p", "train", steps, 3, ready_at=1.0))
     pos = 4
     prompt_uid, pos = ns["string"](value, pos)
@@ -46,12 +65,15 @@ def test_documented_decoder_reads_the_steps_inside_a_ready_group():
     pos += 12  # n_rollouts u32 + ready_at f64
     status, pos = ns["string"](value, pos)
     _meta, pos = ns["string"](value, pos)
+    shared, pos = ns["ids"](value, pos)
     count, pos = ns["uvarint"](value, pos)
-    uids = []
+    decoded, contexts = [], {}
     for _ in range(count):
         length, pos = ns["uvarint"](value, pos)
         step, end = ns["step_body"](value[pos:pos + length])
         assert end == length
-        uids.append(step["trajectory_uid"])
+        decoded.append(ns["resolve"](step, contexts, shared))
         pos += length
-    assert (prompt_uid, channel, status, uids, pos) == ("p", "train", "complete", ["t0", "t1", "t2"], len(value))
+    assert (prompt_uid, channel, status, pos) == ("p", "train", "complete", len(value))
+    assert [(s["trajectory_uid"], s["prompt_ids"], s["response_ids"]) for s in decoded] == \
+        [(s.trajectory_uid, s.prompt_ids, s.response_ids) for s in steps]

@@ -1,0 +1,147 @@
+"""Emitting a ready group exactly once: filter, encode from the stored structure, send, record.
+
+- a group is written to ``{prefix}.groups.{channel}`` and its acknowledgement is
+  awaited *before* the table records it as emitted: the groups topic is never
+  behind the table;
+- each emitted group carries its source partition and offset in headers, and
+  the table keeps a per-partition watermark of the groups-topic offsets it has
+  recorded (``advance_watermark``), which recovery reads past (``streams.recovery``);
+- the group record is built from the steps as stored (schema v2 deltas are kept as
+  they are, ``prefix.regroup``): no prompt is rebuilt, so emitting costs the group's
+  distinct tokens;
+- a group no record can carry, or whose steps are gone or inconsistent, is dropped
+  with its reason and assembly of every other group goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Callable, MutableMapping
+
+import numpy as np
+
+from trajbus.streams import codec
+from trajbus.streams.assembly import PendingGroup
+from trajbus.streams.bodies import StepBodies
+from trajbus.streams.dlq import dlq_headers
+from trajbus.streams.filters import judge
+from trajbus.streams.prefix import PrefixError, StepDelta, regroup, resolve_group
+from trajbus.streams.records import ReadyGroup
+from trajbus.streams.settings import WorkerSettings
+from trajbus.streams.state_keys import SOURCE_OFFSET, SOURCE_PARTITION, StateKey
+from trajbus.streams.stats import WorkerMetrics
+from trajbus.streams.topics import steps_topic
+
+log = logging.getLogger("trajbus.worker")
+
+TOO_LARGE = "too_large"
+STEPS_EXPIRED = "steps_expired"
+PREFIX_MISMATCH = "prefix_mismatch"
+RECORD_OVERHEAD = 64 * 1024
+"""Bytes a group record may need beyond its value (key, headers, batch framing), with a wide margin."""
+
+
+class GroupEmission:
+    """The emitting half of ``streams.app.GroupAssembler``: a mixin, the assembler's parts it uses
+    declared below (and its ``current_version``)."""
+
+    settings: WorkerSettings
+    prefix: str
+    state: MutableMapping[bytes, bytes]
+    metrics: WorkerMetrics
+    bodies: StepBodies
+    filters: dict[str, Callable | None]
+    outputs: dict[str, Any]
+    dlq: Any
+
+    async def finish(self, partition: int, group: PendingGroup, status: str) -> None:
+        """Filter, emit (acknowledged), then record the outcome; the pending state goes."""
+        channel = group.channel
+        rules = self.settings.channel(channel)
+        try:
+            ready, shared, entries = await self.structured(partition, group, status)
+        except (LookupError, PrefixError) as exc:
+            reason = STEPS_EXPIRED if isinstance(exc, LookupError) else PREFIX_MISMATCH
+            self.metrics.dropped.labels(channel, reason).inc()
+            log.error("group dropped channel=%s prompt_uid=%s reason=%s: %s", channel, group.prompt_uid, reason, exc)
+            self.record_outcome(partition, group, f"dropped ({reason})")
+            return
+        self.metrics.groups.labels(channel, "ready" if status == "complete" else status).inc()
+        if self.filters[channel] is not None:  # the user's filter sees full prompts
+            ready.steps = resolve_group(shared, entries)
+        verdict = judge(ready, rules, self.current_version(channel), self.filters[channel])
+        if verdict.staleness is not None:
+            self.metrics.staleness.labels(channel).observe(verdict.staleness)
+        if not verdict.keep:
+            self.metrics.dropped.labels(channel, verdict.reason).inc()
+            log.info("group dropped channel=%s prompt_uid=%s reason=%s", channel, group.prompt_uid, verdict.reason)
+            self.record_outcome(partition, group, f"dropped ({verdict.reason})")
+            return
+        ready.ready_at = time.time()
+        value = codec.preamble(codec.KIND_READY_GROUP) + codec.encode_group_body(ready, shared, entries)
+        if len(value) + RECORD_OVERHEAD > self.settings.topics.max_message_bytes:
+            await self.refuse_oversized(partition, group, ready, len(value))
+            return
+        groups_partition, offset = await self.emit(partition, group, ready, value)
+        # Marker before watermark: both go to one changelog partition, in order, so
+        # a recovered watermark always implies the markers of the groups below it.
+        self.record_outcome(partition, group, "emitted")
+        self.advance_watermark(partition, channel, groups_partition, offset)
+
+    async def structured(self, partition: int, group: PendingGroup,
+                         status: str) -> tuple[ReadyGroup, np.ndarray, list[StepDelta]]:
+        """The group (its steps' prompts possibly partial) and its record's structure, built from the
+        steps as stored: prompts are never rebuilt. A step whose base was left out of the group needs
+        its trajectory's other steps too (rare: only then are they read)."""
+        where = (group.channel, partition)
+        ready, records = group.to_ready_group(await self.bodies.steps(where, group.chosen_offsets().values()),
+                                              self.settings.channel(group.channel).n_rollouts, status=status)
+        try:
+            return ready, *regroup(records, [])
+        except PrefixError:
+            everything = await self.bodies.steps(where, group.offsets())
+            return ready, *regroup(records, list(everything.values()))
+
+    async def refuse_oversized(self, partition: int, group: PendingGroup, ready: ReadyGroup, size: int) -> None:
+        """A group no record can carry: its reason (not its body) to the DLQ, the group dropped; assembly of
+        every other group goes on (a send of it would fail, and stop the agent for all its partitions)."""
+        channel = group.channel
+        reason = (f"{TOO_LARGE}: group of {size} bytes ({len(ready.trajectory_uids)} trajectories, "
+                  f"{len(ready.steps)} steps) exceeds max.message.bytes {self.settings.topics.max_message_bytes}")
+        headers = dlq_headers(codec.headers_for(ready), reason, steps_topic(channel, self.prefix), partition,
+                              group.last_offset)
+        await (await self.dlq.send(key=ready.prompt_uid.encode(), value=None, headers=headers))
+        self.metrics.dlq.labels(channel, TOO_LARGE).inc()
+        self.metrics.dropped.labels(channel, TOO_LARGE).inc()
+        log.warning("group dropped channel=%s prompt_uid=%s reason=%s", channel, group.prompt_uid, reason)
+        self.record_outcome(partition, group, f"dropped ({TOO_LARGE})")
+
+    async def emit(self, partition: int, group: PendingGroup, ready: ReadyGroup, value: bytes) -> tuple[int, int]:
+        """Write the group (``value``, encoded) and wait for the broker's acknowledgement; returns (partition,
+        offset)."""
+        headers = codec.headers_for(ready) + [
+            (SOURCE_PARTITION, str(partition).encode()), (SOURCE_OFFSET, str(group.last_offset).encode()),
+        ]
+        sent = await self.outputs[group.channel].send(key=ready.prompt_uid.encode(), value=value,
+                                                      headers=headers, timestamp=ready.ready_at)
+        metadata = await sent  # the broker's acknowledgement, before the table says "emitted"
+        self.metrics.groups.labels(group.channel, "emitted").inc()
+        log.info("group emitted channel=%s prompt_uid=%s status=%s trajectories=%d steps=%d offset=%d",
+                 group.channel, ready.prompt_uid, ready.status, len(ready.trajectory_uids), len(ready.steps),
+                 metadata.offset)
+        return metadata.partition, metadata.offset
+
+    def record_outcome(self, partition: int, group: PendingGroup, outcome: str) -> None:
+        self.state[StateKey(partition, "e", group.channel, group.prompt_uid).encode()] = json.dumps(
+            {"offset": group.last_offset, "at": time.time(), "outcome": outcome}).encode()
+        self.state.pop(StateKey(partition, "g", group.channel, group.prompt_uid).encode(), None)
+        self.bodies.forget((group.channel, partition), group.offsets())
+
+    def advance_watermark(self, partition: int, channel: str, groups_partition: int, offset: int) -> None:
+        key = StateKey(partition, "w", channel).encode()
+        marks = json.loads(self.state.get(key) or b"{}")
+        if offset > marks.get(str(groups_partition), -1):
+            marks[str(groups_partition)] = offset
+            self.state[key] = json.dumps(marks).encode()

@@ -1,0 +1,283 @@
+"""Prefix sharing (wire schema v2): a step's prompt as a reference plus only its new tokens.
+
+In a multi-turn trajectory each prompt is the previous prompt + response + the
+new turn, so full steps repeat the conversation on every turn: bytes grow with
+turns x context. Schema v2 stores a prompt as one of
+
+- ``PROMPT_FULL``: every token (a keyframe);
+- ``PROMPT_EXTENDS_STEP``: the first ``prefix_len`` tokens of the prompt + response
+  of step ``base_index`` of the same trajectory, then the tokens stored;
+- ``PROMPT_EXTENDS_SHARED``: the first ``prefix_len`` tokens of the prompt a group
+  record stores once for all its rollouts, then the tokens stored (groups only).
+
+Writers find the shared prefix themselves (``PrefixEncoder``); readers rebuild
+full prompts (``PrefixResolver``). A steps-topic reference always points at an
+earlier record of the same partition, and a keyframe is written at least every
+``KEYFRAME_EVERY`` steps of a trajectory: resolving a step never reads further
+back than its keyframe, whose ``created_at`` the reference names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from trajbus.streams.records import Step
+
+PROMPT_FULL = 0
+PROMPT_EXTENDS_STEP = 1
+PROMPT_EXTENDS_SHARED = 2
+KEYFRAME_EVERY = 32
+"""Steps of a trajectory between keyframes at most: bounds how far back a reader resolves."""
+DEFAULT_MEMORY_BYTES = 256 * 2**20
+RECENT_PER_TRAJECTORY = 4
+"""Contexts a resolver keeps per trajectory: a step may extend one before the latest (``n > 1`` choices)."""
+
+
+class PrefixError(ValueError):
+    """A stored prefix cannot be resolved: its base is missing or shorter than the prefix."""
+
+
+@dataclass
+class StepDelta:
+    """A step whose ``step.prompt_ids`` hold only the tokens after a prefix stored elsewhere."""
+
+    step: Step
+    kind: int
+    prefix_len: int
+    base_index: int = 0
+    keyframe_at: float = 0.0
+
+    @property
+    def prompt_len(self) -> int:
+        return self.prefix_len + len(self.step.prompt_ids)
+
+
+@dataclass
+class Context:
+    """A step's prompt + response, what the next step of its trajectory may extend."""
+
+    step_index: int
+    tokens: np.ndarray
+    keyframe_at: float
+    depth: int
+    """Steps since the trajectory's last keyframe."""
+
+
+def as_tokens(ids: list[int] | np.ndarray) -> np.ndarray:
+    return np.asarray(ids, dtype=np.uint32)
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    mismatch = np.flatnonzero(a[:n] != b[:n])
+    return int(mismatch[0]) if len(mismatch) else n
+
+
+def context_of(step: Step, prompt: np.ndarray, keyframe_at: float, depth: int) -> Context:
+    return Context(step.step_index, np.concatenate([prompt, as_tokens(step.response_ids)]), keyframe_at, depth)
+
+
+class _Memory:
+    """Contexts by trajectory, least recently used first out, bounded by their bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.by_trajectory: OrderedDict[str, list[Context]] = OrderedDict()
+
+    def recent(self, trajectory_uid: str) -> list[Context]:
+        contexts = self.by_trajectory.get(trajectory_uid, [])
+        if contexts:
+            self.by_trajectory.move_to_end(trajectory_uid)
+        return contexts
+
+    def remember(self, trajectory_uid: str, context: Context, keep: int) -> None:
+        contexts = [c for c in self.by_trajectory.pop(trajectory_uid, []) if c.step_index != context.step_index]
+        contexts.append(context)
+        self.bytes += context.tokens.nbytes
+        for dropped in contexts[:-keep]:
+            self.bytes -= dropped.tokens.nbytes
+        self.by_trajectory[trajectory_uid] = contexts[-keep:]
+        while self.bytes > self.max_bytes and len(self.by_trajectory) > 1:
+            _uid, evicted = self.by_trajectory.popitem(last=False)
+            self.bytes -= sum(c.tokens.nbytes for c in evicted)
+
+    def forget(self, trajectory_uid: str) -> None:
+        self.bytes -= sum(c.tokens.nbytes for c in self.by_trajectory.pop(trajectory_uid, []))
+
+
+class PrefixEncoder:
+    """Producer side: remembers the last step sent per trajectory and expresses the next one against it."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MEMORY_BYTES, keyframe_every: int = KEYFRAME_EVERY) -> None:
+        self.memory = _Memory(max_bytes)
+        self.keyframe_every = keyframe_every
+
+    def delta(self, step: Step) -> StepDelta:
+        """``step`` as it goes on the wire; it becomes the base the trajectory's next step may extend."""
+        prompt = as_tokens(step.prompt_ids)
+        recent = self.memory.recent(step.trajectory_uid)
+        base = recent[-1] if recent else None
+        prefix_len = common_prefix(prompt, base.tokens) if base is not None else 0
+        if base is None or prefix_len == 0 or base.depth + 1 >= self.keyframe_every:
+            delta = StepDelta(step, PROMPT_FULL, 0)
+            context = context_of(step, prompt, step.created_at, 0)
+        else:
+            delta = StepDelta(dataclasses.replace(step, prompt_ids=step.prompt_ids[prefix_len:]),
+                              PROMPT_EXTENDS_STEP, prefix_len, base.step_index, base.keyframe_at)
+            context = context_of(step, prompt, base.keyframe_at, base.depth + 1)
+        if step.is_last:
+            self.memory.forget(step.trajectory_uid)
+        else:
+            self.memory.remember(step.trajectory_uid, context, keep=1)
+        return delta
+
+    def forget(self, trajectory_uid: str) -> None:
+        """The trajectory ended, or a step of it may not have reached the broker: its next step is a keyframe."""
+        self.memory.forget(trajectory_uid)
+
+
+class PrefixResolver:
+    """Reader side: full steps back from deltas read in offset order."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MEMORY_BYTES) -> None:
+        self.memory = _Memory(max_bytes)
+
+    def knows(self, delta: StepDelta) -> bool:
+        return any(c.step_index == delta.base_index for c in self.memory.recent(delta.step.trajectory_uid))
+
+    def resolve(self, record: Step | StepDelta) -> Step:
+        """The full step; raises ``PrefixError`` when its base was not read (or not kept)."""
+        if isinstance(record, Step):
+            self.memory.remember(record.trajectory_uid,
+                                 context_of(record, as_tokens(record.prompt_ids), record.created_at, 0),
+                                 RECENT_PER_TRAJECTORY)
+            return record
+        step = record.step
+        base = next((c for c in self.memory.recent(step.trajectory_uid) if c.step_index == record.base_index), None)
+        if record.kind != PROMPT_EXTENDS_STEP or base is None:
+            raise PrefixError(f"step {step.trajectory_uid}#{step.step_index}: extends step {record.base_index}, "
+                              f"which was not read before it")
+        if record.prefix_len > len(base.tokens):
+            raise PrefixError(f"step {step.trajectory_uid}#{step.step_index}: a prefix of {record.prefix_len} "
+                              f"tokens of step {record.base_index}, which has {len(base.tokens)}")
+        prompt = np.concatenate([base.tokens[:record.prefix_len], as_tokens(step.prompt_ids)])
+        self.memory.remember(step.trajectory_uid, context_of(step, prompt, record.keyframe_at, base.depth + 1),
+                             RECENT_PER_TRAJECTORY)
+        return dataclasses.replace(step, prompt_ids=prompt.tolist())
+
+
+# -- group records ---------------------------------------------------------------------
+
+def _against(step: Step, prompt: np.ndarray, shared: np.ndarray, base: Context | None) -> StepDelta:
+    """``step`` stored against its trajectory's previous step or the group's shared prompt, whichever shares more."""
+    on_base = common_prefix(prompt, base.tokens) if base is not None else 0
+    on_shared = common_prefix(prompt, shared)
+    if on_base == 0 and on_shared == 0:
+        return StepDelta(dataclasses.replace(step, prompt_ids=prompt), PROMPT_FULL, 0)
+    if base is not None and on_base >= on_shared:
+        return StepDelta(dataclasses.replace(step, prompt_ids=prompt[on_base:]), PROMPT_EXTENDS_STEP, on_base,
+                         base.step_index)
+    return StepDelta(dataclasses.replace(step, prompt_ids=prompt[on_shared:]), PROMPT_EXTENDS_SHARED, on_shared)
+
+
+def structure(steps: list[Step]) -> tuple[np.ndarray, list[StepDelta]]:
+    """Full steps, ordered by (trajectory, step), as a group record stores them: the first
+    step's prompt once, and each prompt against that or its trajectory's previous step."""
+    shared = as_tokens(steps[0].prompt_ids) if steps else as_tokens([])
+    entries: list[StepDelta] = []
+    previous: Context | None = None
+    for i, step in enumerate(steps):
+        if i and steps[i - 1].trajectory_uid != step.trajectory_uid:
+            previous = None
+        prompt = as_tokens(step.prompt_ids)
+        entries.append(_against(step, prompt, shared, previous))
+        previous = context_of(step, prompt, 0.0, 0)
+    return shared, entries
+
+
+def regroup(chosen: list[Step | StepDelta], others: list[Step | StepDelta]) -> tuple[np.ndarray, list[StepDelta]]:
+    """A group record's structure from steps-topic records, without rebuilding their prompts.
+
+    ``chosen``: the group's steps, ordered by (trajectory, step); ``others``: the rest of
+    their trajectories' records, needed only where a step extends one left out of the group.
+    A reference between two steps of the group is kept as it is; a keyframe is stored
+    against the group's shared prompt (the first step's). Raises ``PrefixError``.
+    """
+    first = chosen[0] if chosen else Step(prompt_ids=[], response_ids=[], trajectory_uid="-", prompt_uid="-")
+    if isinstance(first, StepDelta):
+        first = resolve_chain(first, chosen + others)
+    shared = as_tokens(first.prompt_ids)
+    in_group = {(step_of(r).trajectory_uid, step_of(r).step_index): r for r in chosen}
+    entries = []
+    for record in chosen:
+        step = step_of(record)
+        if isinstance(record, StepDelta):
+            base = in_group.get((step.trajectory_uid, record.base_index))
+            if base is not None and record.base_index < step.step_index:
+                room = _prompt_len(base) + len(step_of(base).response_ids)
+                if record.prefix_len > room:
+                    raise PrefixError(f"step {step.trajectory_uid}#{step.step_index}: a prefix of "
+                                      f"{record.prefix_len} tokens of step {record.base_index}, which has {room}")
+                entries.append(StepDelta(step, PROMPT_EXTENDS_STEP, record.prefix_len, record.base_index))
+                continue
+            step = resolve_chain(record, chosen + others)
+        entries.append(_against(step, as_tokens(step.prompt_ids), shared, None))
+    return shared, entries
+
+
+def step_of(record: Step | StepDelta) -> Step:
+    """The step a record is about (of a delta: every field right but the prompt)."""
+    return record.step if isinstance(record, StepDelta) else record
+
+
+def with_step(record: Step | StepDelta, step: Step) -> Step | StepDelta:
+    """``record`` with its step's fields replaced by ``step``'s (a delta keeps its prefix)."""
+    return dataclasses.replace(record, step=step) if isinstance(record, StepDelta) else step
+
+
+def _prompt_len(record: Step | StepDelta) -> int:
+    return record.prompt_len if isinstance(record, StepDelta) else len(record.prompt_ids)
+
+
+def resolve_chain(record: StepDelta, records: list[Step | StepDelta]) -> Step:
+    """The full step, from the records of its trajectory (in any order); raises ``PrefixError``."""
+    step = record.step
+    by_index = {step_of(r).step_index: r for r in records if step_of(r).trajectory_uid == step.trajectory_uid
+                and r is not record}
+    chain = [record]
+    while isinstance(chain[-1], StepDelta):
+        base = by_index.pop(chain[-1].base_index, None)
+        if base is None:
+            raise PrefixError(f"step {step.trajectory_uid}#{step.step_index}: extends step "
+                              f"{chain[-1].base_index}, which is not among its trajectory's records")
+        chain.append(base)
+    resolver = PrefixResolver(max_bytes=2**62)
+    for link in reversed(chain):
+        full = resolver.resolve(link)
+    return full
+
+
+def resolve_group(shared: np.ndarray, entries: list[StepDelta]) -> list[Step]:
+    """Full steps of a group record (the reader's side of ``structure``); raises ``PrefixError``."""
+    steps: list[Step] = []
+    contexts: dict[int, np.ndarray] = {}
+    for i, entry in enumerate(entries):
+        step = entry.step
+        if i and entries[i - 1].step.trajectory_uid != step.trajectory_uid:
+            contexts.clear()
+        rest = as_tokens(step.prompt_ids)
+        if entry.kind == PROMPT_FULL:
+            prompt = rest
+        else:
+            base = shared if entry.kind == PROMPT_EXTENDS_SHARED else contexts.get(entry.base_index)
+            if base is None or entry.prefix_len > len(base):
+                raise PrefixError(f"step {step.trajectory_uid}#{step.step_index}: its prefix is not in the group")
+            prompt = np.concatenate([base[:entry.prefix_len], rest])
+        contexts[step.step_index] = np.concatenate([prompt, as_tokens(step.response_ids)])
+        steps.append(dataclasses.replace(step, prompt_ids=prompt.tolist()))
+    return steps

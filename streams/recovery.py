@@ -1,0 +1,104 @@
+"""Recovery of a worker's partitions: nothing emitted twice, nothing in lost.
+
+- when a worker (re)gains a partition it reads the groups topic past the table's
+  watermark and records what an earlier owner emitted but did not get to record:
+  such groups are never emitted again (``ensure_reconciled``);
+- Faust's committed offsets are only where it resumes; where it resumes past the
+  table's position, leaves a partition's tail undelivered after a rebalance, or
+  never fetches an assigned partition (all seen with faust-streaming 0.15), the
+  range is read directly and applied in order (``catch_up``, ``apply_range``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import MutableMapping
+
+from trajbus.infra.topics import end_offsets_of
+from trajbus.streams.assembly import PendingGroup
+from trajbus.streams.bodies import StepBodies
+from trajbus.streams.positions import SourcePositions
+from trajbus.streams.settings import WorkerSettings
+from trajbus.streams.state_keys import StateKey, emitted_past, read_range
+from trajbus.streams.stats import WorkerMetrics
+from trajbus.streams.topics import groups_topic, steps_topic
+
+log = logging.getLogger("trajbus.worker")
+
+
+class PartitionRecovery:
+    """The recovering half of ``streams.app.GroupAssembler``: a mixin, the assembler's parts it uses
+    declared below (and its ``lock``, ``active_partitions``, ``apply_at``, ``advance_watermark``)."""
+
+    bootstrap_servers: str
+    settings: WorkerSettings
+    prefix: str
+    state: MutableMapping[bytes, bytes]
+    metrics: WorkerMetrics
+    bodies: StepBodies
+    positions: SourcePositions
+    reconciled: set[int]
+
+    def forget_positions(self) -> None:
+        """After a rebalance, positions and reconciliation are re-read from the recovered table."""
+        self.reconciled.clear()
+        self.positions.forget()
+
+    async def ensure_reconciled(self, partition: int) -> None:
+        """Once per assignment: record what earlier owners emitted from this partition but did not record."""
+        if partition in self.reconciled:
+            return
+        for channel in self.settings.channels:
+            marks = json.loads(self.state.get(StateKey(partition, "w", channel).encode()) or b"{}")
+            found = await asyncio.to_thread(emitted_past, self.bootstrap_servers, groups_topic(channel, self.prefix),
+                                            partition, marks)
+            for prompt_uid, (groups_partition, offset, source_offset) in found.items():
+                marker = StateKey(partition, "e", channel, prompt_uid).encode()
+                if self.state.get(marker) is None:
+                    self.state[marker] = json.dumps(
+                        {"offset": source_offset, "at": time.time(), "outcome": "emitted"}).encode()
+                    stored = self.state.pop(StateKey(partition, "g", channel, prompt_uid).encode(), None)
+                    if stored is not None:
+                        self.bodies.forget((channel, partition), PendingGroup.decode(stored).offsets())
+                    log.info("reconciled emitted group channel=%s prompt_uid=%s", channel, prompt_uid)
+                self.advance_watermark(partition, channel, groups_partition, offset)
+        self.reconciled.add(partition)
+
+    async def apply_range(self, channel: str, partition: int, start: int, end: int, why: str) -> None:
+        """Read ``start <= offset < end`` of a steps partition directly and apply what is still new."""
+        topic = steps_topic(channel, self.prefix)
+        log.warning("source offsets %d..%d of %s[%d] %s; reading them directly", start, end - 1, topic, partition,
+                    why)
+        for record in await asyncio.to_thread(read_range, self.bootstrap_servers, topic, partition, start, end):
+            if record.offset >= self.positions.expected.get((channel, partition), start):
+                await self.apply_at(channel, partition, record)
+
+    async def catch_up(self) -> None:
+        """Apply records Faust never delivered: where a quiet partition's log ends past our
+        position (Faust can resume a partition at its end after a rebalance, or never fetch an
+        assigned partition at all, and then nothing would reveal the skip)."""
+        quiet: list[tuple[str, int]] = []
+        for partition in self.active_partitions():
+            for channel in self.settings.channels:
+                position = self.positions.known(channel, partition)
+                if position is not None:  # an owned partition with nothing new still reports where it is
+                    self.metrics.source_position.labels(channel, str(partition)).set(position)
+                if self.positions.quiet(channel, partition):
+                    quiet.append((channel, partition))
+        if not quiet:
+            return
+        ends = await asyncio.to_thread(end_offsets_of, self.bootstrap_servers,
+                                       [(steps_topic(c, self.prefix), p) for c, p in quiet])
+        for channel, partition in quiet:
+            end = ends[(steps_topic(channel, self.prefix), partition)]
+            async with self.lock(partition):
+                start = self.positions.known(channel, partition)
+                if start is None and end > 0:  # never delivered: from where the worker group resumes
+                    await self.ensure_reconciled(partition)
+                    start = await self.positions.start_of(channel, partition)
+                if start is not None and end > start:
+                    await self.apply_range(channel, partition, start, end, "not delivered by the consumer")
+            self.positions.touched(channel, partition)
