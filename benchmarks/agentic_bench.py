@@ -4,8 +4,9 @@ For each workload of ``agentic_workloads`` (single-turn, 12-turn; the long-conte
 with ``--long``), on one embedded broker in one run:
 - raw: the same encoded steps produced (acknowledged) and consumed back through a plain
   topic of the same partitions: the baseline;
-- end to end: ``submit_steps`` (all groups in flight, turn by turn) -> worker ->
-  ``fetch_dataproto`` (verl rows), in steps/s and distinct tokens/s, and the ratio;
+- end to end: ``submit_steps`` (all groups in flight, turn by turn) -> worker (started and
+  recovered before the clock starts) -> ``fetch_dataproto`` (verl rows), in steps/s and
+  distinct tokens/s, and the ratio;
 - bytes on the broker's disk per topic (steps, groups, the worker's changelog) against the
   bytes of the distinct token ids and log-probs (4 bytes each);
 - the worker's peak resident memory;
@@ -57,6 +58,16 @@ def peak_memory_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def wait_until_running(bootstrap: str, prefix: str, worker) -> None:
+    """Until the worker has its partitions and has recovered (its first statistics snapshot): the
+    clock then measures the data path, not a worker's start, which the raw baseline does not have."""
+    deadline = time.monotonic() + FETCH_TIMEOUT
+    while not any(f"-{worker.pid}-" in s["worker_id"] for s in read_snapshots(bootstrap, prefix)):
+        if time.monotonic() > deadline or not worker.alive():
+            raise RuntimeError(f"the worker did not start: {worker.log_tail()}")
+        time.sleep(0.2)  # polls the stats topic until the deadline
 
 
 def turn_by_turn(groups: list[list[Step]], turns: int) -> list[Step]:
@@ -135,8 +146,9 @@ def run(workload: Workload, bootstrap: str, data_dir: Path | None, workdir: Path
     with StepProducer(bootstrap, prefix=prefix) as producer:
         producer.provision("train")
     worker = worker_process(bootstrap, prefix, workdir / f"worker-{workload.name}.log",
-                            n_rollouts=workload.rollouts).start()
+                            n_rollouts=workload.rollouts, extra=["--stats-interval", "0.5"]).start()
     try:
+        wait_until_running(bootstrap, prefix, worker)
         e2e_s = end_to_end(bootstrap, prefix, workload, steps, batch_groups)
         memory = peak_memory_mb(worker.pid)
     finally:

@@ -134,7 +134,6 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
         message = event.message
         partition = message.partition
         channel = channel_of(message.topic, self.prefix)
-        self.positions.touched(channel, partition)
         async with self.lock(partition):
             await self.ensure_reconciled(partition)
             expected = await self.positions.start_of(channel, partition)

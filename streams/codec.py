@@ -207,15 +207,12 @@ class _Reader:
         return layout.unpack(self.take(layout.size))
 
     def ids(self) -> list[int]:
-        return self.id_array().tolist()
-
-    def id_array(self) -> np.ndarray:
         width = self.take(1)[0]
         dtype = _WIDTH_DTYPES.get(width)
         if dtype is None:
             raise DecodeError(f"token-id width {width} is not 1, 2 or 4")
         count = self.uvarint()
-        return np.frombuffer(self.take(count * width), dtype=dtype)
+        return np.frombuffer(self.take(count * width), dtype=dtype).tolist()
 
     def metadata(self) -> dict:
         text = self.str()
@@ -286,7 +283,7 @@ def _read_group(reader: _Reader, version: int = SCHEMA_VERSION) -> ReadyGroup:
     prompt_uid, channel = reader.str(), reader.str()
     n_rollouts, ready_at = reader.fixed(_GROUP_FIXED)
     status, metadata = reader.str(), reader.metadata()
-    shared = reader.id_array() if version > 1 else np.zeros(0, dtype=np.uint32)
+    shared = reader.ids() if version > 1 else []
     entries = []
     for _ in range(reader.uvarint()):
         body = _Reader(reader.take(reader.uvarint()))

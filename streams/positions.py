@@ -4,8 +4,8 @@ Faust's committed offsets say where its consumer resumes, not what the table
 applied, and faust-streaming 0.15 can resume a partition past its first records,
 leave a partition's tail undelivered after a rebalance, or never fetch an assigned
 partition at all (faust-streaming issues #471, #629). So the worker keeps its own
-position per (channel, partition) in the table (``o`` keys) and checks every
-delivered offset and every quiet partition's log end against it.
+position per (channel, partition) in the table (``o`` keys), checks every
+delivered offset against it, and reads directly what stays undelivered.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from trajbus.streams.topics import steps_topic
 
 log = logging.getLogger("trajbus.worker")
 
-QUIET_AFTER = 3.0
-"""Seconds without events on a partition before its log end is checked against our position."""
+STALL_AFTER = 3.0
+"""Seconds a partition's log may end past our position, with the position not moving, before the
+records are read directly: long enough for Faust to deliver a burst, short enough for a trainer."""
 RESUME_RETRY = 1.0
 
 
@@ -34,8 +35,10 @@ class SourcePositions:
         self.state, self.bootstrap_servers, self.group_id, self.prefix = state, bootstrap_servers, group_id, prefix
         self.resume_deadline = resume_deadline
         self.expected: dict[tuple[str, int], int] = {}
-        self.last_event_at: dict[tuple[str, int], float] = {}
-        self.assigned_at = time.monotonic()
+        self.stalls: dict[tuple[str, int], tuple[int | None, float]] = {}
+        """(channel, partition) -> (our position, since when) while the log ends past it."""
+        self.resume_points: dict[str, dict[int, int]] = {}
+        """Per channel, where the worker group resumes each partition, read once per assignment."""
 
     def known(self, channel: str, partition: int) -> int | None:
         """The next source offset to apply, from memory or else from the recovered table."""
@@ -46,10 +49,13 @@ class SourcePositions:
 
     async def resume_point(self, channel: str, partition: int) -> int:
         """With no position saved (a new table): where this worker group resumes, its committed offset,
-        else the log start. Raises where Kafka does not answer."""
-        topic = steps_topic(channel, self.prefix)
-        lags = await asyncio.to_thread(consumer_group_lag, self.bootstrap_servers, self.group_id, topic)
-        return next(lag.position for lag in lags if lag.partition == partition)
+        else the log start. Read for every partition at once: a partition's commit cannot move before
+        its first event is applied, which waits for this. Raises where Kafka does not answer."""
+        if channel not in self.resume_points:
+            topic = steps_topic(channel, self.prefix)
+            lags = await asyncio.to_thread(consumer_group_lag, self.bootstrap_servers, self.group_id, topic)
+            self.resume_points[channel] = {lag.partition: lag.position for lag in lags}
+        return self.resume_points[channel][partition]
 
     async def start_of(self, channel: str, partition: int) -> int:
         """``known``, else the resume point, asked again through an outage (up to ``resume_deadline``
@@ -77,12 +83,19 @@ class SourcePositions:
         if self.state.get(key) is None:
             self.state[key] = str(offset).encode()
 
-    def touched(self, channel: str, partition: int) -> None:
-        self.last_event_at[(channel, partition)] = time.monotonic()
-
-    def quiet(self, channel: str, partition: int) -> bool:
-        """No event for ``QUIET_AFTER`` seconds (a partition never delivered counts from its assignment)."""
-        return time.monotonic() - self.last_event_at.get((channel, partition), self.assigned_at) >= QUIET_AFTER
+    def stalled(self, channel: str, partition: int, end: int) -> bool:
+        """Whether the log, ending at ``end``, has stood past our position for ``STALL_AFTER`` seconds
+        while the position did not move (a partition never delivered stalls at no position)."""
+        key, position = (channel, partition), self.known(channel, partition)
+        if end == 0 or (position is not None and end <= position):
+            self.stalls.pop(key, None)
+            return False
+        now = time.monotonic()
+        seen = self.stalls.get(key)
+        if seen is None or seen[0] != position:
+            self.stalls[key] = (position, now)
+            return False
+        return now - seen[1] >= STALL_AFTER
 
     def save(self, partition: int) -> None:
         """Write a partition's applied positions to the table (once per tick).
@@ -102,5 +115,5 @@ class SourcePositions:
     def forget(self) -> None:
         """After a rebalance, positions are re-read from the recovered table."""
         self.expected.clear()
-        self.last_event_at.clear()
-        self.assigned_at = time.monotonic()
+        self.stalls.clear()
+        self.resume_points.clear()

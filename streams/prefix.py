@@ -30,7 +30,7 @@ from trajbus.streams.records import Step
 PROMPT_FULL = 0
 PROMPT_EXTENDS_STEP = 1
 PROMPT_EXTENDS_SHARED = 2
-KEYFRAME_EVERY = 32
+KEYFRAME_EVERY = 64
 """Steps of a trajectory between keyframes at most: bounds how far back a reader resolves."""
 DEFAULT_MEMORY_BYTES = 256 * 2**20
 RECENT_PER_TRAJECTORY = 4
@@ -205,8 +205,9 @@ def regroup(chosen: list[Step | StepDelta], others: list[Step | StepDelta]) -> t
 
     ``chosen``: the group's steps, ordered by (trajectory, step); ``others``: the rest of
     their trajectories' records, needed only where a step extends one left out of the group.
-    A reference between two steps of the group is kept as it is; a keyframe is stored
-    against the group's shared prompt (the first step's). Raises ``PrefixError``.
+    A reference between two steps of the group is kept as it is; any other step (a keyframe)
+    is stored against the group's shared prompt (the first step's) or its trajectory's
+    previous step in the group, rebuilt for that. Raises ``PrefixError``.
     """
     first = chosen[0] if chosen else Step(prompt_ids=[], response_ids=[], trajectory_uid="-", prompt_uid="-")
     if isinstance(first, StepDelta):
@@ -214,8 +215,11 @@ def regroup(chosen: list[Step | StepDelta], others: list[Step | StepDelta]) -> t
     shared = as_tokens(first.prompt_ids)
     in_group = {(step_of(r).trajectory_uid, step_of(r).step_index): r for r in chosen}
     entries = []
+    previous: Step | StepDelta | None = None  # the trajectory's step before, in the group
     for record in chosen:
         step = step_of(record)
+        if previous is not None and step_of(previous).trajectory_uid != step.trajectory_uid:
+            previous = None
         if isinstance(record, StepDelta):
             base = in_group.get((step.trajectory_uid, record.base_index))
             if base is not None and record.base_index < step.step_index:
@@ -224,9 +228,15 @@ def regroup(chosen: list[Step | StepDelta], others: list[Step | StepDelta]) -> t
                     raise PrefixError(f"step {step.trajectory_uid}#{step.step_index}: a prefix of "
                                       f"{record.prefix_len} tokens of step {record.base_index}, which has {room}")
                 entries.append(StepDelta(step, PROMPT_EXTENDS_STEP, record.prefix_len, record.base_index))
+                previous = record
                 continue
             step = resolve_chain(record, chosen + others)
-        entries.append(_against(step, as_tokens(step.prompt_ids), shared, None))
+        base = None
+        if previous is not None:
+            before = previous if isinstance(previous, Step) else resolve_chain(previous, chosen + others)
+            base = context_of(before, as_tokens(before.prompt_ids), 0.0, 0)
+        entries.append(_against(step, as_tokens(step.prompt_ids), shared, base))
+        previous = record
     return shared, entries
 
 
@@ -262,22 +272,28 @@ def resolve_chain(record: StepDelta, records: list[Step | StepDelta]) -> Step:
     return full
 
 
-def resolve_group(shared: np.ndarray, entries: list[StepDelta]) -> list[Step]:
-    """Full steps of a group record (the reader's side of ``structure``); raises ``PrefixError``."""
+def resolve_group(shared: list[int] | np.ndarray, entries: list[StepDelta]) -> list[Step]:
+    """Full steps of a group record (the reader's side of ``structure``); raises ``PrefixError``.
+
+    Prompts are Python lists built by slicing their base: they share the token objects, so
+    a trajectory of T turns and context C costs T x C pointers, not T x C integers."""
+    shared = _as_list(shared)
     steps: list[Step] = []
-    contexts: dict[int, np.ndarray] = {}
+    contexts: dict[int, list[int]] = {}
     for i, entry in enumerate(entries):
         step = entry.step
         if i and entries[i - 1].step.trajectory_uid != step.trajectory_uid:
             contexts.clear()
-        rest = as_tokens(step.prompt_ids)
-        if entry.kind == PROMPT_FULL:
-            prompt = rest
-        else:
+        prompt = _as_list(step.prompt_ids)
+        if entry.kind != PROMPT_FULL:
             base = shared if entry.kind == PROMPT_EXTENDS_SHARED else contexts.get(entry.base_index)
             if base is None or entry.prefix_len > len(base):
                 raise PrefixError(f"step {step.trajectory_uid}#{step.step_index}: its prefix is not in the group")
-            prompt = np.concatenate([base[:entry.prefix_len], rest])
-        contexts[step.step_index] = np.concatenate([prompt, as_tokens(step.response_ids)])
-        steps.append(dataclasses.replace(step, prompt_ids=prompt.tolist()))
+            prompt = base[:entry.prefix_len] + prompt
+        contexts[step.step_index] = prompt + step.response_ids
+        steps.append(dataclasses.replace(step, prompt_ids=prompt))
     return steps
+
+
+def _as_list(ids: list[int] | np.ndarray) -> list[int]:
+    return ids.tolist() if isinstance(ids, np.ndarray) else list(ids)

@@ -77,28 +77,26 @@ class PartitionRecovery:
                 await self.apply_at(channel, partition, record)
 
     async def catch_up(self) -> None:
-        """Apply records Faust never delivered: where a quiet partition's log ends past our
-        position (Faust can resume a partition at its end after a rebalance, or never fetch an
-        assigned partition at all, and then nothing would reveal the skip)."""
-        quiet: list[tuple[str, int]] = []
-        for partition in self.active_partitions():
-            for channel in self.settings.channels:
-                position = self.positions.known(channel, partition)
-                if position is not None:  # an owned partition with nothing new still reports where it is
-                    self.metrics.source_position.labels(channel, str(partition)).set(position)
-                if self.positions.quiet(channel, partition):
-                    quiet.append((channel, partition))
-        if not quiet:
+        """Apply records Faust never delivered: where a partition's log stays past our position
+        and the position does not move (Faust can resume a partition at its end after a rebalance,
+        or never fetch an assigned partition at all, and then nothing would reveal the skip)."""
+        owned = [(channel, p) for p in sorted(self.active_partitions()) for channel in self.settings.channels]
+        for channel, partition in owned:
+            position = self.positions.known(channel, partition)
+            if position is not None:  # an owned partition with nothing new still reports where it is
+                self.metrics.source_position.labels(channel, str(partition)).set(position)
+        if not owned:
             return
         ends = await asyncio.to_thread(end_offsets_of, self.bootstrap_servers,
-                                       [(steps_topic(c, self.prefix), p) for c, p in quiet])
-        for channel, partition in quiet:
+                                       [(steps_topic(c, self.prefix), p) for c, p in owned])
+        for channel, partition in owned:
             end = ends[(steps_topic(channel, self.prefix), partition)]
+            if not self.positions.stalled(channel, partition, end):
+                continue
             async with self.lock(partition):
                 start = self.positions.known(channel, partition)
-                if start is None and end > 0:  # never delivered: from where the worker group resumes
+                if start is None:  # never delivered: from where the worker group resumes
                     await self.ensure_reconciled(partition)
                     start = await self.positions.start_of(channel, partition)
-                if start is not None and end > start:
+                if end > start:
                     await self.apply_range(channel, partition, start, end, "not delivered by the consumer")
-            self.positions.touched(channel, partition)

@@ -59,15 +59,21 @@ def test_the_first_applied_offset_is_saved_at_once_later_ones_by_save() -> None:
     assert table[key] == b"11"
 
 
-def test_a_partition_never_delivered_turns_quiet_from_its_assignment(monkeypatch) -> None:
+def test_a_partition_is_read_directly_only_once_its_position_stops_moving_behind_the_log(monkeypatch) -> None:
     clock = [100.0]
     monkeypatch.setattr(positions_module.time, "monotonic", lambda: clock[0])
     positions = new_positions({}, [])
-    assert not positions.quiet("train", 5)
-    clock[0] += positions_module.QUIET_AFTER
-    assert positions.quiet("train", 5)
-    positions.touched("train", 5)
-    assert not positions.quiet("train", 5)
+    assert not positions.stalled("train", 5, 0)  # empty
+    assert not positions.stalled("train", 5, 10)  # never delivered: from now on
+    clock[0] += positions_module.STALL_AFTER
+    assert positions.stalled("train", 5, 10)
+    positions.advance("train", 5, 3)  # Faust delivered a burst: moving again
+    assert not positions.stalled("train", 5, 10)
+    clock[0] += positions_module.STALL_AFTER / 2
+    assert not positions.stalled("train", 5, 10)
+    clock[0] += positions_module.STALL_AFTER / 2
+    assert positions.stalled("train", 5, 10)  # stuck at 4 for STALL_AFTER
+    positions.advance("train", 5, 9)
+    assert not positions.stalled("train", 5, 10)  # caught up
     positions.forget()
-    clock[0] += positions_module.QUIET_AFTER
-    assert positions.quiet("train", 5)
+    assert not positions.stalled("train", 5, 20)

@@ -119,3 +119,14 @@ def test_a_stored_prefix_longer_than_its_base_is_refused_by_the_worker():
     records[1].prefix_len = 10_000
     with pytest.raises(PrefixError, match="a prefix of 10000 tokens of step 0"):
         regroup(records, [])
+
+
+def test_a_keyframe_inside_a_group_is_stored_against_the_step_before_it():
+    records = [codec.decode(v) for v in sent(trajectory("a", 5), PrefixEncoder(keyframe_every=3))]
+    assert [isinstance(r, Step) for r in records] == [True, False, False, True, False]
+    shared, entries = regroup(records, [])
+    assert (entries[3].kind, entries[3].base_index) == (PROMPT_EXTENDS_STEP, 2)
+    assert len(entries[3].step.prompt_ids) == 60  # only the tool output after step 2's response
+    group = ReadyGroup("p", "train", [step_of(r) for r in records], 1, ready_at=1.0)
+    value = codec.preamble(codec.KIND_READY_GROUP) + codec.encode_group_body(group, shared, entries)
+    assert codec.decode(value).steps == trajectory("a", 5)
