@@ -92,6 +92,10 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
                                                     for c in settings.channels}
         self.locks: dict[int, asyncio.Lock] = {}
         self.reconciled: set[int] = set()
+        self.pending: dict[int, dict[bytes, PendingGroup]] = {}
+        """Per source partition, pending groups changed since the last tick, by table key: written to
+        the table once a tick, just before the positions they cover (``flush_pending``), so a group's
+        index goes to the changelog once a second, not once per event."""
         self.positions = SourcePositions(self.state, bootstrap_servers, settings.app_id, self.prefix,
                                          settings.broker_outage_limit)
         self.policy: PolicyWatcher | None = None
@@ -183,9 +187,7 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
             await self.to_dlq(message, channel, f"late: group already {json.loads(marker)['outcome']}")
             return
         key = StateKey(partition, "g", channel, record.prompt_uid).encode()
-        stored = self.state.get(key)
-        group = PendingGroup.decode(stored) if stored is not None \
-            else PendingGroup(prompt_uid=record.prompt_uid, channel=channel)
+        group = self.pending_group(partition, key) or PendingGroup(prompt_uid=record.prompt_uid, channel=channel)
         if message.offset <= group.last_offset:
             self.metrics.duplicates.labels(channel).inc()  # replayed past a lagging saved position
             return
@@ -210,7 +212,22 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
         if outcome is Outcome.READY:
             await self.finish(partition, group, "complete")
         else:
+            self.pending.setdefault(partition, {})[key] = group
+
+    def pending_group(self, partition: int, key: bytes) -> PendingGroup | None:
+        """A pending group as it stands: changed since the last tick, else as the table has it."""
+        changed = self.pending.get(partition, {}).get(key)
+        if changed is not None:
+            return changed
+        stored = self.state.get(key)
+        return None if stored is None else PendingGroup.decode(stored)
+
+    def flush_pending(self, partition: int) -> None:
+        """The partition's changed groups to the table, then its positions: a saved position never
+        covers an event whose group change is not in the table (the changelog keeps this order)."""
+        for key, group in self.pending.pop(partition, {}).items():
             self.state[key] = group.encode()
+        self.positions.save(partition)
 
     # -- periodic work -------------------------------------------------------------
     def ready_for_periodic_work(self) -> bool:
@@ -225,16 +242,17 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
         pending_groups = {c: 0 for c in self.settings.channels}
         pending_trajectories = dict(pending_groups)
         expire = now - self._last_expiry > EXPIRE_EVERY
-        keys = self.keys_by_partition()
         for partition in sorted(self.active_partitions()):
             async with self.lock(partition):
                 await self.ensure_reconciled(partition)
-                self.positions.save(partition)
+                self.flush_pending(partition)
+        keys = self.keys_by_partition()
+        for partition in sorted(self.active_partitions()):
+            async with self.lock(partition):
                 for key in keys.get((partition, "g"), []):
-                    stored = self.state.get(key.encode())
-                    if stored is None:
+                    group = self.pending_group(partition, key.encode())
+                    if group is None:
                         continue
-                    group = PendingGroup.decode(stored)
                     rules = self.settings.channel(key.channel)
                     if rules.group_timeout is not None and now - group.first_seen > rules.group_timeout:
                         await self.time_out(partition, group)

@@ -50,6 +50,7 @@ class GroupEmission:
     settings: WorkerSettings
     prefix: str
     state: MutableMapping[bytes, bytes]
+    pending: dict[int, dict[bytes, PendingGroup]]
     metrics: WorkerMetrics
     bodies: StepBodies
     filters: dict[str, Callable | None]
@@ -136,7 +137,9 @@ class GroupEmission:
     def record_outcome(self, partition: int, group: PendingGroup, outcome: str) -> None:
         self.state[StateKey(partition, "e", group.channel, group.prompt_uid).encode()] = json.dumps(
             {"offset": group.last_offset, "at": time.time(), "outcome": outcome}).encode()
-        self.state.pop(StateKey(partition, "g", group.channel, group.prompt_uid).encode(), None)
+        key = StateKey(partition, "g", group.channel, group.prompt_uid).encode()
+        self.pending.get(partition, {}).pop(key, None)
+        self.state.pop(key, None)
         self.bodies.forget((group.channel, partition), group.offsets())
 
     def advance_watermark(self, partition: int, channel: str, groups_partition: int, offset: int) -> None:

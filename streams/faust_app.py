@@ -60,6 +60,8 @@ class IdempotentProducer(faust_aiokafka.Producer):
 class EagerFetchConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """The thread of Faust's consumer, whose aiokafka consumer waits ``FETCH_MAX_WAIT_MS`` for data."""
 
+    logger = FAUST_LOG
+
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read when the consumer starts its fetcher
@@ -67,6 +69,8 @@ class EagerFetchConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
 
 class EagerFetchConsumer(faust_aiokafka.Consumer):
+    logger = FAUST_LOG
+
     def _new_consumer_thread(self) -> EagerFetchConsumerThread:
         return EagerFetchConsumerThread(self, loop=self.loop, beacon=self.beacon)
 

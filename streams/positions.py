@@ -76,12 +76,13 @@ class SourcePositions:
         return position
 
     def advance(self, channel: str, partition: int, offset: int) -> None:
-        """``offset`` was applied. The first position of a partition is saved at once (later ones once
-        a tick): with no saved position, a new owner could only ask the consumer group again."""
+        """``offset`` was applied. A partition's first position is saved at once, as the offset before
+        this one (its group change reaches the table only with the next tick); later ones once a tick.
+        Without a saved position, a new owner would have to ask the consumer group again."""
         self.expected[(channel, partition)] = offset + 1
         key = StateKey(partition, "o", channel).encode()
         if self.state.get(key) is None:
-            self.state[key] = str(offset).encode()
+            self.state[key] = str(offset - 1).encode()
 
     def stalled(self, channel: str, partition: int, end: int) -> bool:
         """Whether the log, ending at ``end``, has stood past our position for ``STALL_AFTER`` seconds

@@ -106,7 +106,7 @@ class StepProducer:
         self._provision_lock = threading.Lock()
         self._closed = False
         self._prefixes = PrefixEncoder(prefix_memory_bytes)
-        self._encode_lock = threading.Lock()
+        self._order_lock = threading.Lock()
         self._producer = Producer(client_config(self.bootstrap_servers, {
             "logger": log,  # librdkafka logs as structured Python log lines, not raw stderr
             "enable.idempotence": True,  # acks=all, no duplicates from internal retries
@@ -144,39 +144,39 @@ class StepProducer:
             self.provision(channel)
         return topic
 
-    def _encode(self, records: list[Step | TrajectoryEnd]) -> list[bytes]:
-        with self._encode_lock:
-            payloads = []
-            for record in records:
-                if isinstance(record, Step):
-                    payloads.append(codec.encode(self._prefixes.delta(record)))
-                else:
-                    self._prefixes.forget(record.trajectory_uid)
-                    payloads.append(codec.encode(record))
-            return payloads
-
     def _publish(self, topic: str, records: list[Step | TrajectoryEnd]) -> int:
+        acks = _Acks(len(records))
         try:
-            return self._send(topic, records, self._encode(records))
+            with self._order_lock:  # encoded and queued together: a step is queued after the base it names
+                for record in records:
+                    self._produce(topic, record, self._encode(record), acks)
+            self._await(topic, acks)
         except Exception:
-            with self._encode_lock:  # a step may not have reached the broker: none is a base any more
+            with self._order_lock:  # a step may not have reached the broker: none is a base any more
                 for record in records:
                     self._prefixes.forget(record.trajectory_uid)
             raise
+        return acks.delivered
 
-    def _send(self, topic: str, records: list[Step | TrajectoryEnd], payloads: list[bytes]) -> int:
-        acks = _Acks(len(records))
-        for record, payload in zip(records, payloads):
-            while True:
-                try:
-                    # The record's timestamp is the event's creation time, so a replay by
-                    # time window selects the events created in it, whenever they were sent.
-                    self._producer.produce(topic, key=record.prompt_uid.encode(), value=payload,
-                                           headers=codec.headers_for(record), on_delivery=acks,
-                                           timestamp=int(record.created_at * 1000))
-                    break
-                except BufferError:  # local queue full: serve delivery reports, then retry
-                    self._producer.poll(0.05)
+    def _encode(self, record: Step | TrajectoryEnd) -> bytes:
+        if isinstance(record, Step):
+            return codec.encode(self._prefixes.delta(record))
+        self._prefixes.forget(record.trajectory_uid)
+        return codec.encode(record)
+
+    def _produce(self, topic: str, record: Step | TrajectoryEnd, payload: bytes, acks: _Acks) -> None:
+        while True:
+            try:
+                # The record's timestamp is the event's creation time, so a replay by
+                # time window selects the events created in it, whenever they were sent.
+                self._producer.produce(topic, key=record.prompt_uid.encode(), value=payload,
+                                       headers=codec.headers_for(record), on_delivery=acks,
+                                       timestamp=int(record.created_at * 1000))
+                return
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                self._producer.poll(0.05)
+
+    def _await(self, topic: str, acks: _Acks) -> None:
         deadline = time.monotonic() + self.timeout
         while not acks.settled:
             if time.monotonic() > deadline:
@@ -186,7 +186,6 @@ class StepProducer:
         if acks.errors:
             raise DeliveryError(f"{len(acks.errors)} of {acks.expected} records to {topic} failed: "
                                 f"{acks.errors[0].str()}")
-        return acks.delivered
 
     def submit_steps(self, steps: Iterable[Step | Mapping[str, Any]], channel: str = "train",
                      n_rollouts: int | None = None) -> int:

@@ -37,14 +37,18 @@ class PartitionRecovery:
     settings: WorkerSettings
     prefix: str
     state: MutableMapping[bytes, bytes]
+    pending: dict[int, dict[bytes, PendingGroup]]
     metrics: WorkerMetrics
     bodies: StepBodies
     positions: SourcePositions
     reconciled: set[int]
 
     def forget_positions(self) -> None:
-        """After a rebalance, positions and reconciliation are re-read from the recovered table."""
+        """After a rebalance, positions, pending groups and reconciliation are re-read from the
+        recovered table (changes since the last tick are dropped, with the positions that cover them:
+        their events are applied again)."""
         self.reconciled.clear()
+        self.pending.clear()
         self.positions.forget()
 
     async def ensure_reconciled(self, partition: int) -> None:
@@ -60,7 +64,9 @@ class PartitionRecovery:
                 if self.state.get(marker) is None:
                     self.state[marker] = json.dumps(
                         {"offset": source_offset, "at": time.time(), "outcome": "emitted"}).encode()
-                    stored = self.state.pop(StateKey(partition, "g", channel, prompt_uid).encode(), None)
+                    key = StateKey(partition, "g", channel, prompt_uid).encode()
+                    self.pending.get(partition, {}).pop(key, None)
+                    stored = self.state.pop(key, None)
                     if stored is not None:
                         self.bodies.forget((channel, partition), PendingGroup.decode(stored).offsets())
                     log.info("reconciled emitted group channel=%s prompt_uid=%s", channel, prompt_uid)

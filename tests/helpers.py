@@ -12,7 +12,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from trajbus.consumers import BatchConsumer
-from trajbus.streams.records import ReadyGroup, Step
+from trajbus.streams import codec
+from trajbus.streams.prefix import PrefixResolver, StepDelta
+from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
 
 T = TypeVar("T")
 
@@ -51,6 +53,14 @@ def read_topic(bootstrap_servers: str, topic: str, min_count: int = 0, timeout: 
     finally:
         consumer.close()
 
+
+
+def decode_step_events(messages: list[Message]) -> list[Step | TrajectoryEnd]:
+    """Step events read from their partitions' start, each step with its whole prompt (schema v2
+    may store it as a reference to the trajectory's step before)."""
+    resolver = PrefixResolver()
+    records = [codec.decode(m.value()) for m in messages]
+    return [resolver.resolve(r) if isinstance(r, (Step, StepDelta)) else r for r in records]
 
 
 def read_to_end(bootstrap_servers: str, topic: str, timeout: float = 30.0) -> list[Message]:

@@ -14,12 +14,11 @@ from transformers import AutoTokenizer
 
 from trajbus.consumers import BatchConsumer
 from trajbus.infra.tiny_model import WEATHER_TOOL
-from trajbus.streams import codec
 from trajbus.streams.policy import PolicyVersionPublisher
 from trajbus.streams.producer import StepProducer
 from trajbus.streams.records import Step, TrajectoryEnd
 from trajbus.streams.topics import steps_topic
-from tests.helpers import end_offsets, fetch_groups, read_topic, wait_for
+from tests.helpers import decode_step_events, end_offsets, fetch_groups, read_topic, wait_for
 
 REWARD_FN = "tests.gateway_rewards:exact_match"
 
@@ -36,7 +35,7 @@ def init(gateway: str, headers: dict | None = None, **body) -> dict:
 
 def step_events(bootstrap_servers: str, prefix: str, count: int) -> list[tuple[bytes, Step | TrajectoryEnd]]:
     messages = read_topic(bootstrap_servers, steps_topic("train", prefix), min_count=count)
-    return [(m.key(), codec.decode(m.value())) for m in messages]
+    return list(zip([m.key() for m in messages], decode_step_events(messages)))
 
 
 def engine(inference_server: str, prompt_ids: list[int], **sampling) -> dict:

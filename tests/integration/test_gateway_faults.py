@@ -23,10 +23,9 @@ from trajbus.consumers import BatchConsumer
 from trajbus.consumers.backends import VerlBackend
 from trajbus.gateway.errors import RETRY_SECONDS
 from trajbus.pipelines.processes import free_port, gateway_process, wait_http, worker_process
-from trajbus.streams import codec
 from trajbus.streams.records import CONTINUES, Step, TrajectoryEnd
 from trajbus.streams.topics import steps_topic
-from tests.helpers import fetch_groups, read_to_end, wait_for
+from tests.helpers import decode_step_events, fetch_groups, read_to_end, wait_for
 
 PUBLISH_TIMEOUT = "3"
 
@@ -129,7 +128,7 @@ def test_a_paused_broker_never_puts_a_reply_the_agent_did_not_get_into_its_traje
         assert [e["step_indices"] for e in ends] == [[0, 3], [0]]
 
         # The records of the failed calls did reach the broker, late: the two steps must stay out.
-        sent = [codec.decode(m.value()) for m in read_to_end(servers, steps_topic("train", prefix))]
+        sent = decode_step_events(read_to_end(servers, steps_topic("train", prefix)))
         assert sorted(s.step_index for s in sent if isinstance(s, Step)) == [0, 1, 2, 3]
         assert [e.steps for e in sent if isinstance(e, TrajectoryEnd)] == [[0, 3], [0, 3]]
 

@@ -28,10 +28,9 @@ def multi_turn_groups(created: float) -> dict[str, list[list[Step]]]:
     for g in range(2):
         rollouts = []
         for r in range(2):
-            steps = trajectory(f"mt{g}/r{r}", TURNS)
+            steps = trajectory(f"mt{g}/r{r}", TURNS, start=created)
             for step in steps:
                 step.prompt_uid = f"mt{g}"
-                step.created_at = created + step.step_index
                 step.reward = float(r) if step.is_last else 0.0
             rollouts.append(steps)
         groups[f"mt{g}"] = rollouts

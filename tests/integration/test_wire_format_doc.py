@@ -23,6 +23,7 @@ def test_the_documented_plain_kafka_subscriber_decodes_steps_and_groups(bootstra
     import json
     import subprocess
     import sys
+    import time
 
     from trajbus.pipelines.synthetic import make_groups
     from trajbus.streams.producer import StepProducer
@@ -34,7 +35,7 @@ def test_the_documented_plain_kafka_subscriber_decodes_steps_and_groups(bootstra
     script = tmp_path / "subscriber.py"
     script.write_text(BLOCK_TRAJBUS + helpers + blocks[1])
     sent, stream = make_groups(3, 2, 2, seed=4)
-    multi_turn = [trajectory(f"mt/r{r}", 4) for r in range(2)]  # prompts that grow: stored as deltas
+    multi_turn = [trajectory(f"mt/r{r}", 4, start=time.time()) for r in range(2)]  # stored as deltas
     for r, steps in enumerate(multi_turn):
         for step in steps:
             step.prompt_uid, step.reward = "mt", float(r) if step.is_last else 0.0

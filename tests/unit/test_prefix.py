@@ -12,14 +12,15 @@ from trajbus.streams.records import ReadyGroup, Step
 TASK = list(range(70_000, 70_500))  # ids past 65,535: 4 bytes each
 
 
-def trajectory(uid: str, turns: int, response: int = 40, tool: int = 60) -> list[Step]:
-    """A multi-turn rollout: each prompt is the previous prompt + response + a tool output."""
+def trajectory(uid: str, turns: int, response: int = 40, tool: int = 60, start: float = 1000.0) -> list[Step]:
+    """A multi-turn rollout: each prompt is the previous prompt + response + a tool output; turn t is
+    created at ``start + t`` (on a broker, give a recent ``start``: retention deletes 1970 at once)."""
     steps, prompt = [], list(TASK)
     for turn in range(turns):
         reply = [100_000 + 1000 * turn + i for i in range(response)]
         steps.append(Step(prompt_ids=list(prompt), response_ids=reply, trajectory_uid=uid, prompt_uid="p",
                           step_index=turn, rollout_log_probs=[-0.5] * response, is_last=turn == turns - 1,
-                          created_at=1000.0 + turn))
+                          created_at=start + turn))
         prompt += reply + [120_000 + 1000 * turn + i for i in range(tool)]
     return steps
 
@@ -130,3 +131,13 @@ def test_a_keyframe_inside_a_group_is_stored_against_the_step_before_it():
     group = ReadyGroup("p", "train", [step_of(r) for r in records], 1, ready_at=1.0)
     value = codec.preamble(codec.KIND_READY_GROUP) + codec.encode_group_body(group, shared, entries)
     assert codec.decode(value).steps == trajectory("a", 5)
+
+
+def test_a_producer_whose_send_failed_writes_the_trajectorys_next_step_whole():
+    from trajbus.streams.producer import DeliveryError, StepProducer
+
+    first, second = trajectory("t", 3)[:2]
+    with StepProducer("127.0.0.1:1", timeout=0.5, provision_topics=False) as producer:  # nobody listens
+        with pytest.raises(DeliveryError):
+            producer.submit_steps([first], channel="train")
+        assert producer._prefixes.delta(second).kind == PROMPT_FULL  # step 0 may never have arrived
