@@ -5,7 +5,7 @@ from benchmarks import agentic_bench, assembly_bench, codec_bench, convert_bench
 if __name__ == "__main__":
     codec_bench.main()
     assembly_bench.main()
-    agentic_bench.main([])
+    agentic_bench.main(["--long"])  # all three workloads of issue 12
     convert_bench.main()
     gateway_bench.main()
     pacing_bench.main()

@@ -1,7 +1,7 @@
 """The data path at agentic sizes (issue 12): end to end against raw Kafka, bytes against the distinct data.
 
 For each workload of ``agentic_workloads`` (single-turn, 12-turn; the long-context one
-with ``--long``), on one embedded broker in one run:
+with ``--long``, as ``make bench`` runs it), on one embedded broker in one run:
 - raw: the same encoded steps produced (acknowledged) and consumed back through a plain
   topic of the same partitions: the baseline;
 - end to end: ``submit_steps`` (all groups in flight, turn by turn) -> worker (started and

@@ -18,20 +18,18 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Callable, MutableMapping
+from typing import Any, Callable
 
 import numpy as np
 
 from trajbus.streams import codec
 from trajbus.streams.assembly import PendingGroup
-from trajbus.streams.bodies import StepBodies
 from trajbus.streams.dlq import dlq_headers
 from trajbus.streams.filters import judge
+from trajbus.streams.parts import AssemblerParts
 from trajbus.streams.prefix import PrefixError, StepDelta, regroup, resolve_group
 from trajbus.streams.records import ReadyGroup
-from trajbus.streams.settings import WorkerSettings
 from trajbus.streams.state_keys import SOURCE_OFFSET, SOURCE_PARTITION, StateKey
-from trajbus.streams.stats import WorkerMetrics
 from trajbus.streams.topics import steps_topic
 
 log = logging.getLogger("trajbus.worker")
@@ -43,16 +41,10 @@ RECORD_OVERHEAD = 64 * 1024
 """Bytes a group record may need beyond its value (key, headers, batch framing), with a wide margin."""
 
 
-class GroupEmission:
+class GroupEmission(AssemblerParts):
     """The emitting half of ``streams.app.GroupAssembler``: a mixin, the assembler's parts it uses
-    declared below (and its ``current_version``)."""
+    declared in ``AssemblerParts`` and below (and its ``current_version``)."""
 
-    settings: WorkerSettings
-    prefix: str
-    state: MutableMapping[bytes, bytes]
-    pending: dict[int, dict[bytes, PendingGroup]]
-    metrics: WorkerMetrics
-    bodies: StepBodies
     filters: dict[str, Callable | None]
     outputs: dict[str, Any]
     dlq: Any

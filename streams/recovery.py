@@ -15,31 +15,22 @@ import asyncio
 import json
 import logging
 import time
-from typing import MutableMapping
 
 from trajbus.infra.topics import end_offsets_of
 from trajbus.streams.assembly import PendingGroup
-from trajbus.streams.bodies import StepBodies
+from trajbus.streams.parts import AssemblerParts
 from trajbus.streams.positions import SourcePositions
-from trajbus.streams.settings import WorkerSettings
 from trajbus.streams.state_keys import StateKey, emitted_past, read_range
-from trajbus.streams.stats import WorkerMetrics
 from trajbus.streams.topics import groups_topic, steps_topic
 
 log = logging.getLogger("trajbus.worker")
 
 
-class PartitionRecovery:
+class PartitionRecovery(AssemblerParts):
     """The recovering half of ``streams.app.GroupAssembler``: a mixin, the assembler's parts it uses
-    declared below (and its ``lock``, ``active_partitions``, ``apply_at``, ``advance_watermark``)."""
+    declared in ``AssemblerParts`` and below (and its ``lock``, ``active_partitions``, ``apply_at``,
+    ``advance_watermark``)."""
 
-    bootstrap_servers: str
-    settings: WorkerSettings
-    prefix: str
-    state: MutableMapping[bytes, bytes]
-    pending: dict[int, dict[bytes, PendingGroup]]
-    metrics: WorkerMetrics
-    bodies: StepBodies
     positions: SourcePositions
     reconciled: set[int]
 
