@@ -15,6 +15,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Iterable
 
 from trajbus.streams import codec
+from trajbus.streams.prefix import StepDelta
 from trajbus.streams.records import Step
 
 Where = tuple[str, int]
@@ -50,8 +51,9 @@ class StepBodies:
             if value is not None:
                 self.bytes_in_use -= len(value)
 
-    async def steps(self, where: Where, offsets: Iterable[int]) -> dict[int, Step]:
-        """The steps at ``offsets``, decoded; those not held are read back from the topic in one range."""
+    async def steps(self, where: Where, offsets: Iterable[int]) -> dict[int, Step | StepDelta]:
+        """The steps at ``offsets``, decoded with their token ids and log-probs as numpy arrays (they are
+        only re-encoded into a group); those not held are read back from the topic in one range."""
         wanted = sorted(set(offsets))
         found = {o: self._bodies[(*where, o)] for o in wanted if (*where, o) in self._bodies}
         missing = [o for o in wanted if o not in found]
@@ -66,4 +68,4 @@ class StepBodies:
             if lost:
                 raise LookupError(f"steps of {where[0]}[{where[1]}] at offsets {sorted(lost)[:5]} are no longer "
                                   f"in the topic (retention): their group cannot be assembled")
-        return {offset: codec.decode(value) for offset, value in found.items()}
+        return {offset: codec.decode(value, arrays=True) for offset, value in found.items()}

@@ -168,11 +168,13 @@ def headers_for(record: Record) -> list[tuple[str, bytes]]:
 # -- reading -----------------------------------------------------------------
 
 class _Reader:
-    __slots__ = ("buf", "pos")
+    __slots__ = ("buf", "pos", "arrays")
 
-    def __init__(self, buf: bytes) -> None:
+    def __init__(self, buf: bytes | memoryview, arrays: bool = False) -> None:
         self.buf = memoryview(buf)
         self.pos = 0
+        self.arrays = arrays
+        """Token ids and log-probs as numpy arrays over the value, not lists of Python numbers."""
 
     def take(self, n: int) -> memoryview:
         end = self.pos + n
@@ -206,13 +208,18 @@ class _Reader:
     def fixed(self, layout: struct.Struct) -> tuple:
         return layout.unpack(self.take(layout.size))
 
-    def ids(self) -> list[int]:
+    def ids(self) -> list[int] | np.ndarray:
         width = self.take(1)[0]
         dtype = _WIDTH_DTYPES.get(width)
         if dtype is None:
             raise DecodeError(f"token-id width {width} is not 1, 2 or 4")
         count = self.uvarint()
-        return np.frombuffer(self.take(count * width), dtype=dtype).tolist()
+        array = np.frombuffer(self.take(count * width), dtype=dtype)
+        return array if self.arrays else array.tolist()
+
+    def floats(self, count: int) -> list[float] | np.ndarray:
+        array = np.frombuffer(self.take(4 * count), dtype="<f4")
+        return array if self.arrays else array.tolist()
 
     def metadata(self) -> dict:
         text = self.str()
@@ -257,7 +264,7 @@ def _read_step(reader: _Reader, version: int = SCHEMA_VERSION, in_group: bool = 
     response_ids = reader.ids()
     log_probs = None
     if flags & FLAG_HAS_LOG_PROBS:
-        log_probs = np.frombuffer(reader.take(4 * len(response_ids)), dtype="<f4").tolist()
+        log_probs = reader.floats(len(response_ids))
     step = Step(
         prompt_ids=prompt_ids, response_ids=response_ids, trajectory_uid=trajectory_uid, prompt_uid=prompt_uid,
         step_index=step_index, reward=reward, policy_version=policy_version, is_last=bool(flags & FLAG_IS_LAST),
@@ -286,7 +293,7 @@ def _read_group(reader: _Reader, version: int = SCHEMA_VERSION) -> ReadyGroup:
     shared = reader.ids() if version > 1 else []
     entries = []
     for _ in range(reader.uvarint()):
-        body = _Reader(reader.take(reader.uvarint()))
+        body = _Reader(reader.take(reader.uvarint()), reader.arrays)
         entries.append(_read_step(body, version, in_group=True))
         body.done()
     try:
@@ -300,11 +307,14 @@ def _read_group(reader: _Reader, version: int = SCHEMA_VERSION) -> ReadyGroup:
 _READERS = {KIND_STEP: _read_step, KIND_TRAJECTORY_END: _read_end, KIND_READY_GROUP: _read_group}
 
 
-def decode(value: bytes | None) -> Record:
-    """Decode a value; any defect raises ``DecodeError`` with a reason fit for the DLQ."""
+def decode(value: bytes | None, arrays: bool = False) -> Record:
+    """Decode a value; any defect raises ``DecodeError`` with a reason fit for the DLQ.
+
+    ``arrays``: token ids and log-probs stay numpy arrays over ``value`` (4 bytes a token instead
+    of a Python int each), for a reader that only re-encodes them; such records do not ``validate``."""
     if not value:
         raise DecodeError("empty value")
-    reader = _Reader(value)
+    reader = _Reader(value, arrays)
     if len(value) < _PREAMBLE.size:
         raise DecodeError(f"value of {len(value)} bytes is shorter than the {_PREAMBLE.size}-byte preamble")
     magic, version, kind = reader.fixed(_PREAMBLE)

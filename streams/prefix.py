@@ -290,10 +290,12 @@ def resolve_group(shared: list[int] | np.ndarray, entries: list[StepDelta]) -> l
             if base is None or entry.prefix_len > len(base):
                 raise PrefixError(f"step {step.trajectory_uid}#{step.step_index}: its prefix is not in the group")
             prompt = base[:entry.prefix_len] + prompt
-        contexts[step.step_index] = prompt + step.response_ids
-        steps.append(dataclasses.replace(step, prompt_ids=prompt))
+        response = _as_list(step.response_ids)
+        contexts[step.step_index] = prompt + response
+        log_probs = None if step.rollout_log_probs is None else _as_list(step.rollout_log_probs)
+        steps.append(dataclasses.replace(step, prompt_ids=prompt, response_ids=response, rollout_log_probs=log_probs))
     return steps
 
 
-def _as_list(ids: list[int] | np.ndarray) -> list[int]:
-    return ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+def _as_list(values: list | np.ndarray) -> list:
+    return values.tolist() if isinstance(values, np.ndarray) else list(values)

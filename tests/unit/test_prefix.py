@@ -91,8 +91,8 @@ def test_a_group_stores_the_shared_prompt_once_and_each_trajectory_once():
     assert codec.decode(value) == group
 
 
-def test_the_worker_regroups_stored_deltas_without_rebuilding_prompts():
-    records = [codec.decode(v) for uid in ("a", "b") for v in sent(trajectory(uid, 4))]
+def test_the_worker_regroups_stored_deltas_without_rebuilding_prompts():  # decoded as the worker does: arrays
+    records = [codec.decode(v, arrays=True) for uid in ("a", "b") for v in sent(trajectory(uid, 4))]
     shared, entries = regroup(records, [])
     assert [e.kind for e in entries] == [PROMPT_EXTENDS_SHARED] + [PROMPT_EXTENDS_STEP] * 3 + \
         [PROMPT_EXTENDS_SHARED] + [PROMPT_EXTENDS_STEP] * 3
@@ -104,7 +104,7 @@ def test_the_worker_regroups_stored_deltas_without_rebuilding_prompts():
 
 
 def test_a_step_whose_base_is_left_out_of_the_group_is_rebuilt_from_its_trajectory():
-    records = [codec.decode(v) for v in sent(trajectory("a", 4))]
+    records = [codec.decode(v, arrays=True) for v in sent(trajectory("a", 4))]
     chosen = [records[0], records[2], records[3]]  # step 1 left out (its trajectory's end did not name it)
     with pytest.raises(PrefixError, match="not among its trajectory's records"):
         regroup(chosen, [])
@@ -116,14 +116,15 @@ def test_a_step_whose_base_is_left_out_of_the_group_is_rebuilt_from_its_trajecto
 
 
 def test_a_stored_prefix_longer_than_its_base_is_refused_by_the_worker():
-    records = [codec.decode(v) for v in sent(trajectory("a", 2))]
+    records = [codec.decode(v, arrays=True) for v in sent(trajectory("a", 2))]
     records[1].prefix_len = 10_000
     with pytest.raises(PrefixError, match="a prefix of 10000 tokens of step 0"):
         regroup(records, [])
 
 
 def test_a_keyframe_inside_a_group_is_stored_against_the_step_before_it():
-    records = [codec.decode(v) for v in sent(trajectory("a", 5), PrefixEncoder(keyframe_every=3))]
+    values = sent(trajectory("a", 5), PrefixEncoder(keyframe_every=3))
+    records = [codec.decode(v, arrays=True) for v in values]
     assert [isinstance(r, Step) for r in records] == [True, False, False, True, False]
     shared, entries = regroup(records, [])
     assert (entries[3].kind, entries[3].base_index) == (PROMPT_EXTENDS_STEP, 2)
