@@ -58,7 +58,10 @@ def test_dashboard_numbers_move_while_groups_flow(bootstrap_servers, prefix, inf
         published = int(first["steps-total"])
         wait_for(lambda: httpx.get(f"{gateway}/statistics").json()["steps_published"]["train/submit_steps"]
                  >= published + 20, 60, "20 more steps")
-        second = shown(url)
+        # The worker's counts reach the dashboard with its next statistics snapshot (every 2 s).
+        second = wait_for(lambda: (s := shown(url)).get("groups-emitted", "-") not in ("-", "0")
+                          and int(s["groups-emitted"]) > int(first["groups-emitted"]) and s, 60,
+                          "more emitted groups on the dashboard")
         ARTIFACTS.mkdir(exist_ok=True)
         screenshot = ARTIFACTS / "dashboard.png"
         screenshot.unlink(missing_ok=True)
