@@ -41,7 +41,6 @@ FLAG_IS_LAST = 0x01
 FLAG_HAS_LOG_PROBS = 0x02
 FLAG_HAS_REWARD = 0x01
 
-StepEvent = Union[Step, StepDelta, TrajectoryEnd]
 Record = Union[Step, StepDelta, TrajectoryEnd, ReadyGroup]
 
 _STEP_FIXED = struct.Struct("<IqdBId")  # step_index, policy_version, reward, flags, n_rollouts, created_at
