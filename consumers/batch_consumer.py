@@ -21,6 +21,7 @@ from trajbus.infra.kafka_config import KafkaUnreachable, client_config
 from trajbus.consumers import metrics
 from trajbus.consumers.backends import TrainingBackend, check_group
 from trajbus.streams import codec
+from trajbus.streams.chunks import ChunkReader
 from trajbus.streams.dlq import dlq_headers
 from trajbus.streams.records import ReadyGroup, Step
 from trajbus.streams.topics import DEFAULT_PREFIX, dlq_topic, groups_topic, trainer_group_id, validate_channel
@@ -64,6 +65,7 @@ class BatchConsumer:
         """Per partition, the offset after the last group handed to the trainer."""
         self._consumer.subscribe([self.topic], on_assign=self._on_assign)
         self._dlq: Producer | None = None
+        self._chunks = ChunkReader(self.bootstrap_servers)
         self.backend = backend
         self._held: list[tuple[ReadyGroup, int, int]] = []
         """(group, partition, offset) fetched for a batch that timed out; they start the next batch."""
@@ -225,9 +227,10 @@ class BatchConsumer:
         return check_group(group.steps)
 
     def _decode(self, message: Message) -> ReadyGroup | None:
-        """Decode a group; anything else goes to the DLQ (never silently dropped)."""
+        """Decode a group (a chunked one from its chunks); anything else goes to the DLQ (never silently
+        dropped)."""
         try:
-            record = codec.decode(message.value())
+            record = self._chunks.whole(codec.decode(message.value()))
             if not isinstance(record, ReadyGroup):
                 raise codec.DecodeError(f"a {type(record).__name__} does not belong on a groups topic")
             return record
@@ -253,6 +256,7 @@ class BatchConsumer:
     def close(self) -> None:
         """Leave the consumer group (without committing: call ``commit()`` first)."""
         self._consumer.close()
+        self._chunks.close()
         if self._dlq is not None:
             self._dlq.flush(30)
             self._dlq.close()

@@ -32,10 +32,12 @@ from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.kafka_config import client_config
 from trajbus.infra.topics import ensure_topics, read_partition, watermarks
 from trajbus.streams import codec
+from trajbus.streams.chunks import ChunkReader, produce_group
 from trajbus.streams.prefix import PrefixError, PrefixResolver, StepDelta, step_of
 from trajbus.streams.producer import StepProducer
 from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
-from trajbus.streams.topics import DEFAULT_PREFIX, TopicSettings, groups_topic, steps_topic, validate_channel
+from trajbus.streams.topics import (DEFAULT_PREFIX, TopicSettings, chunks_topic, groups_topic, steps_topic,
+                                   validate_channel)
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,7 @@ class Replay:
         self.ranges = self._resolve(start_time, end_time, start_offset, end_offset)
         self._prefixes = PrefixResolver()
         self._lookback: Consumer | None = None
+        self._chunks = ChunkReader(self.bootstrap_servers)
 
     # -- the window -------------------------------------------------------------
     def _resolve(self, start_time: float | None, end_time: float | None, start_offset: int | None,
@@ -172,9 +175,10 @@ class Replay:
     def _whole(self, partition: int, message: Any, record: Any) -> Any:
         """A step with its whole prompt. One that extends a step before the window is resolved by
         reading back from its keyframe (found by time: a record's timestamp is its ``created_at``);
-        raises ``PrefixError`` (a ``ValueError``) where that lies before the retained log."""
+        raises ``PrefixError`` (a ``ValueError``) where that lies before the retained log. A chunked
+        group is read from its chunks."""
         if not isinstance(record, (Step, StepDelta)):
-            return record
+            return self._chunks.whole(record)
         if isinstance(record, StepDelta) and not self._prefixes.knows(record):
             start = self._offset_for_time(partition, record.keyframe_at, message.offset())
             if self._lookback is None:
@@ -223,8 +227,8 @@ class Replay:
             raise ReplayError(str(exc)) from None
         if target == self.channel:
             raise ReplayError(f"into: replaying {self.channel!r} into itself would duplicate its data")
-        ensure_topics(self.bootstrap_servers, TopicSettings(prefix=self.prefix).channel_specs(target)
-                      + TopicSettings(prefix=self.prefix).shared_specs())
+        settings = TopicSettings(prefix=self.prefix)
+        ensure_topics(self.bootstrap_servers, settings.channel_specs(target) + settings.shared_specs())
         if self.source == "groups":
             return self._groups_into(target)
         return self._steps_into(target, n_rollouts)
@@ -232,15 +236,14 @@ class Replay:
     def _groups_into(self, target: str) -> int:
         producer = Producer(client_config(self.bootstrap_servers, {
             "enable.idempotence": True, "compression.type": "lz4", "linger.ms": 5, "logger": log}))
+        settings = TopicSettings(prefix=self.prefix)
         errors: list = []
         written = 0
         try:
             for group in self.groups():
-                group = dataclasses.replace(group, channel=target)
-                producer.produce(groups_topic(target, self.prefix), key=group.prompt_uid.encode(),
-                                 value=codec.encode(group),
-                                 headers=codec.headers_for(group) + [(REPLAYED_FROM, self.topic.encode())],
-                                 on_delivery=lambda error, _m: errors.append(error) if error else None)
+                produce_group(producer, groups_topic(target, self.prefix), chunks_topic(target, self.prefix),
+                              dataclasses.replace(group, channel=target), [(REPLAYED_FROM, self.topic.encode())],
+                              settings.max_message_bytes, lambda error, _m: errors.append(error) if error else None)
                 producer.poll(0)
                 written += 1
             if producer.flush(60) or errors:
@@ -280,6 +283,7 @@ class Replay:
 
     def close(self) -> None:
         self._consumer.close()
+        self._chunks.close()
         if self._lookback is not None:
             self._lookback.close()
 

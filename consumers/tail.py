@@ -21,7 +21,7 @@ from trajbus.infra.kafka_config import client_config
 from trajbus.streams import codec
 from trajbus.streams.dlq import REASON
 from trajbus.streams.prefix import StepDelta
-from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.records import ChunkedGroup, ReadyGroup, Step, TrajectoryEnd
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def describe(message: Message) -> dict[str, Any]:
             return {**where, "kind": "step", "record": {
                 **dataclasses.asdict(record.step),
                 "prompt_extends": {"step_index": record.base_index, "prefix_len": record.prefix_len}}}
-        kind = {Step: "step", TrajectoryEnd: "end", ReadyGroup: "group"}[type(record)]
+        kind = {Step: "step", TrajectoryEnd: "end", ReadyGroup: "group", ChunkedGroup: "chunked_group"}[type(record)]
         return {**where, "kind": kind, "record": dataclasses.asdict(record)}
     try:
         return {**where, "kind": "json", "record": json.loads(value)}
@@ -76,6 +76,9 @@ def readable(entry: dict[str, Any]) -> str:
         trajectories = len({s["trajectory_uid"] for s in steps})
         return (f"{head} group {record['status']} trajectories={trajectories} steps={len(steps)} "
                 f"versions={versions} rewards={rewards}")
+    if kind == "chunked_group":
+        return (f"{head} chunked group of {record['size']} bytes in {len(record['offsets'])} chunks at "
+                f"{record['topic']}[{record['partition']}]")
     if kind == "dead_letter":
         return f"{head} dead letter ({entry['bytes']} bytes): {entry['reason']}"
     if kind == "json":

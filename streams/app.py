@@ -55,7 +55,7 @@ from trajbus.streams.records import Step, TrajectoryEnd
 from trajbus.streams.settings import WorkerSettings
 from trajbus.streams.state_keys import SourceRecord, StateKey, read_range
 from trajbus.streams.stats import WorkerMetrics, encode_snapshot
-from trajbus.streams.topics import channel_of, dlq_topic, groups_topic, stats_topic, steps_topic
+from trajbus.streams.topics import channel_of, chunks_topic, dlq_topic, groups_topic, stats_topic, steps_topic
 
 log = logging.getLogger("trajbus.worker")
 
@@ -87,6 +87,8 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
         self.bodies = StepBodies(settings.step_cache_bytes, self.read_steps, self.metrics.steps_read_back.inc)
         self.outputs = {c: app.topic(groups_topic(c, self.prefix), key_serializer="raw", value_serializer="raw")
                         for c in settings.channels}
+        self.chunk_outputs = {c: app.topic(chunks_topic(c, self.prefix), key_serializer="raw",
+                                           value_serializer="raw") for c in settings.channels}
         self.dlq = app.topic(dlq_topic(self.prefix), key_serializer="raw", value_serializer="raw")
         self.filters: dict[str, Callable | None] = {c: settings.channel(c).load_group_filter()
                                                     for c in settings.channels}

@@ -19,7 +19,7 @@ import numpy as np
 
 from trajbus.streams.prefix import (PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL, PrefixError,
                                     StepDelta, resolve_group, structure)
-from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.records import ChunkedGroup, ReadyGroup, Step, TrajectoryEnd
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -28,11 +28,13 @@ MAGIC = b"TB"
 KIND_STEP = 1
 KIND_TRAJECTORY_END = 2
 KIND_READY_GROUP = 3
+KIND_CHUNKED_GROUP = 4
 
 CONTENT_TYPES = {
     KIND_STEP: "application/vnd.trajbus.step",
     KIND_TRAJECTORY_END: "application/vnd.trajbus.trajectory-end",
     KIND_READY_GROUP: "application/vnd.trajbus.ready-group",
+    KIND_CHUNKED_GROUP: "application/vnd.trajbus.chunked-group",
 }
 HEADER_SCHEMA = "trajbus-schema-version"
 HEADER_CONTENT_TYPE = "content-type"
@@ -41,13 +43,14 @@ FLAG_IS_LAST = 0x01
 FLAG_HAS_LOG_PROBS = 0x02
 FLAG_HAS_REWARD = 0x01
 
-Record = Union[Step, StepDelta, TrajectoryEnd, ReadyGroup]
+Record = Union[Step, StepDelta, TrajectoryEnd, ReadyGroup, ChunkedGroup]
 
 _STEP_FIXED = struct.Struct("<IqdBId")  # step_index, policy_version, reward, flags, n_rollouts, created_at
 _END_FIXED = struct.Struct("<BdId")  # flags, reward, n_rollouts, created_at
 _GROUP_FIXED = struct.Struct("<Id")  # n_rollouts, ready_at
 _PREAMBLE = struct.Struct("<2sBB")  # magic, schema version, kind
 _STEP_REF = struct.Struct("<I")  # base_index
+_CRC = struct.Struct("<I")  # crc32 of a chunked group's bytes
 _F64 = struct.Struct("<d")  # keyframe_at
 _WIDTH_DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
@@ -142,14 +145,23 @@ def kind_of(record: Record) -> int:
         return KIND_TRAJECTORY_END
     if isinstance(record, ReadyGroup):
         return KIND_READY_GROUP
+    if isinstance(record, ChunkedGroup):
+        return KIND_CHUNKED_GROUP
     raise TypeError(f"not a trajbus record: {type(record).__name__}")
 
 
 def encode(record: Record) -> bytes:
     """The value bytes of a record (the caller validated it); a full ``Step`` is written whole."""
     kind = kind_of(record)
-    body = {KIND_STEP: _step_body, KIND_TRAJECTORY_END: _end_body, KIND_READY_GROUP: _group_body}[kind](record)
+    body = {KIND_STEP: _step_body, KIND_TRAJECTORY_END: _end_body, KIND_READY_GROUP: _group_body,
+            KIND_CHUNKED_GROUP: _chunked_body}[kind](record)
     return preamble(kind) + body
+
+
+def _chunked_body(group: ChunkedGroup) -> bytes:
+    return b"".join([_str(group.prompt_uid), _str(group.topic), _uvarint(group.partition), _uvarint(group.size),
+                     _CRC.pack(group.crc32), _uvarint(len(group.offsets)),
+                     *(_uvarint(offset) for offset in group.offsets)])
 
 
 def preamble(kind: int) -> bytes:
@@ -303,7 +315,19 @@ def _read_group(reader: _Reader, version: int = SCHEMA_VERSION) -> ReadyGroup:
                       ready_at=ready_at, status=status, metadata=metadata)
 
 
-_READERS = {KIND_STEP: _read_step, KIND_TRAJECTORY_END: _read_end, KIND_READY_GROUP: _read_group}
+def _read_chunked(reader: _Reader, version: int = SCHEMA_VERSION) -> ChunkedGroup:
+    if version < 2:
+        raise DecodeError("a chunked group needs schema version 2")
+    prompt_uid, topic, partition, size = reader.str(), reader.str(), reader.uvarint(), reader.uvarint()
+    (crc32,) = reader.fixed(_CRC)
+    offsets = [reader.uvarint() for _ in range(reader.uvarint())]
+    if not offsets:
+        raise DecodeError("a chunked group names no chunks")
+    return ChunkedGroup(prompt_uid, topic, partition, offsets, size, crc32)
+
+
+_READERS = {KIND_STEP: _read_step, KIND_TRAJECTORY_END: _read_end, KIND_READY_GROUP: _read_group,
+            KIND_CHUNKED_GROUP: _read_chunked}
 
 
 def decode(value: bytes | None, arrays: bool = False) -> Record:

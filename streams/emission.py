@@ -9,8 +9,10 @@
 - the group record is built from the steps as stored (schema v2 deltas are kept as
   they are, ``prefix.regroup``): no prompt is rebuilt, so emitting costs the group's
   distinct tokens;
-- a group no record can carry, or whose steps are gone or inconsistent, is dropped
-  with its reason and assembly of every other group goes on.
+- a group record over ``max.message.bytes`` is written as chunks and named by a
+  manifest (``streams.chunks``); one over the channel's ``max_group_bytes``, or whose
+  steps are gone or inconsistent, is dropped with its reason and assembly of every
+  other group goes on.
 """
 
 from __future__ import annotations
@@ -22,23 +24,21 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trajbus.streams import codec
+from trajbus.streams import chunks, codec
 from trajbus.streams.assembly import PendingGroup
 from trajbus.streams.dlq import dlq_headers
 from trajbus.streams.filters import judge
 from trajbus.streams.parts import AssemblerParts
 from trajbus.streams.prefix import PrefixError, StepDelta, regroup, resolve_group
-from trajbus.streams.records import ReadyGroup
+from trajbus.streams.records import ChunkedGroup, ReadyGroup
 from trajbus.streams.state_keys import SOURCE_OFFSET, SOURCE_PARTITION, StateKey
-from trajbus.streams.topics import steps_topic
+from trajbus.streams.topics import chunks_topic, steps_topic
 
 log = logging.getLogger("trajbus.worker")
 
 TOO_LARGE = "too_large"
 STEPS_EXPIRED = "steps_expired"
 PREFIX_MISMATCH = "prefix_mismatch"
-RECORD_OVERHEAD = 64 * 1024
-"""Bytes a group record may need beyond its value (key, headers, batch framing), with a wide margin."""
 
 
 class GroupEmission(AssemblerParts):
@@ -47,6 +47,7 @@ class GroupEmission(AssemblerParts):
 
     filters: dict[str, Callable | None]
     outputs: dict[str, Any]
+    chunk_outputs: dict[str, Any]
     dlq: Any
 
     async def finish(self, partition: int, group: PendingGroup, status: str) -> None:
@@ -74,10 +75,14 @@ class GroupEmission(AssemblerParts):
             return
         ready.ready_at = time.time()
         value = codec.preamble(codec.KIND_READY_GROUP) + codec.encode_group_body(ready, shared, entries)
-        if len(value) + RECORD_OVERHEAD > self.settings.topics.max_message_bytes:
+        if len(value) > rules.max_group_bytes:
             await self.refuse_oversized(partition, group, ready, len(value))
             return
-        groups_partition, offset = await self.emit(partition, group, ready, value)
+        manifest = None
+        if not chunks.fits(value, self.settings.topics.max_message_bytes):
+            manifest = await self.write_chunks(channel, ready.prompt_uid, value)
+            value = codec.encode(manifest)
+        groups_partition, offset = await self.emit(partition, group, ready, value, manifest)
         # Marker before watermark: both go to one changelog partition, in order, so
         # a recovered watermark always implies the markers of the groups below it.
         self.record_outcome(partition, group, "emitted")
@@ -102,7 +107,7 @@ class GroupEmission(AssemblerParts):
         every other group goes on (a send of it would fail, and stop the agent for all its partitions)."""
         channel = group.channel
         reason = (f"{TOO_LARGE}: group of {size} bytes ({len(ready.trajectory_uids)} trajectories, "
-                  f"{len(ready.steps)} steps) exceeds max.message.bytes {self.settings.topics.max_message_bytes}")
+                  f"{len(ready.steps)} steps) exceeds max_group_bytes {self.settings.channel(channel).max_group_bytes}")
         headers = dlq_headers(codec.headers_for(ready), reason, steps_topic(channel, self.prefix), partition,
                               group.last_offset)
         await (await self.dlq.send(key=ready.prompt_uid.encode(), value=None, headers=headers))
@@ -111,19 +116,31 @@ class GroupEmission(AssemblerParts):
         log.warning("group dropped channel=%s prompt_uid=%s reason=%s", channel, group.prompt_uid, reason)
         self.record_outcome(partition, group, f"dropped ({TOO_LARGE})")
 
-    async def emit(self, partition: int, group: PendingGroup, ready: ReadyGroup, value: bytes) -> tuple[int, int]:
-        """Write the group (``value``, encoded) and wait for the broker's acknowledgement; returns (partition,
-        offset)."""
-        headers = codec.headers_for(ready) + [
+    async def write_chunks(self, channel: str, prompt_uid: str, value: bytes) -> ChunkedGroup:
+        """Write a group's value as chunks, each acknowledged; returns the manifest that names them."""
+        topic, key = chunks_topic(channel, self.prefix), prompt_uid.encode()
+        sent = [await self.chunk_outputs[channel].send(key=key, value=bytes(piece))
+                for piece in chunks.split(value, self.settings.topics.max_message_bytes)]
+        written = [await each for each in sent]
+        partitions = {metadata.partition for metadata in written}
+        if len(partitions) != 1:
+            raise RuntimeError(f"chunks of group {prompt_uid} landed on partitions {sorted(partitions)}")
+        return chunks.manifest(prompt_uid, topic, partitions.pop(), [m.offset for m in written], value)
+
+    async def emit(self, partition: int, group: PendingGroup, ready: ReadyGroup, value: bytes,
+                   manifest: ChunkedGroup | None = None) -> tuple[int, int]:
+        """Write the group (``value``: its record, or the ``manifest`` of its chunks) and wait for the
+        broker's acknowledgement; returns (partition, offset)."""
+        headers = codec.headers_for(manifest or ready) + [
             (SOURCE_PARTITION, str(partition).encode()), (SOURCE_OFFSET, str(group.last_offset).encode()),
         ]
         sent = await self.outputs[group.channel].send(key=ready.prompt_uid.encode(), value=value,
                                                       headers=headers, timestamp=ready.ready_at)
         metadata = await sent  # the broker's acknowledgement, before the table says "emitted"
         self.metrics.groups.labels(group.channel, "emitted").inc()
-        log.info("group emitted channel=%s prompt_uid=%s status=%s trajectories=%d steps=%d offset=%d",
+        log.info("group emitted channel=%s prompt_uid=%s status=%s trajectories=%d steps=%d offset=%d chunks=%d",
                  group.channel, ready.prompt_uid, ready.status, len(ready.trajectory_uids), len(ready.steps),
-                 metadata.offset)
+                 metadata.offset, len(manifest.offsets) if manifest else 0)
         return metadata.partition, metadata.offset
 
     def record_outcome(self, partition: int, group: PendingGroup, outcome: str) -> None:

@@ -225,3 +225,18 @@ class ReadyGroup:
     @property
     def trajectory_uids(self) -> list[str]:
         return sorted({step.trajectory_uid for step in self.steps})
+
+
+@dataclass
+class ChunkedGroup:
+    """A group record too large for one Kafka record, on the groups topic in its place: its bytes
+    (exactly a ``ReadyGroup`` value) lie in chunks at ``offsets`` of ``topic[partition]``, in order
+    (``streams.chunks``)."""
+
+    prompt_uid: str
+    topic: str
+    partition: int
+    offsets: list[int]
+    size: int
+    crc32: int
+    """CRC-32 of the joined bytes: a reader checks it before decoding them."""

@@ -47,6 +47,10 @@ class ChannelSettings:
         None, parse=positive_float, help="seconds from a group's first event until it is emitted partially or dropped")
     min_rollouts: int = setting(
         1, parse=positive_int, help="complete trajectories a timed-out group needs to be emitted as partial")
+    max_group_bytes: int = setting(
+        256 * 2**20, parse=positive_int,
+        help="bytes of the largest group record carried (in chunks past max.message.bytes); a larger one goes "
+             "to the DLQ")
     max_queue_size: int | None = setting(
         None, parse=positive_int,
         help="ready groups the trainer may fall behind before the oldest are dropped from the log")
@@ -60,6 +64,7 @@ class ChannelSettings:
 
         positive("n_rollouts", self.n_rollouts)
         positive("min_rollouts", self.min_rollouts)
+        positive("max_group_bytes", self.max_group_bytes)
         positive("max_queue_size", self.max_queue_size, allow_none=True)
         if self.max_staleness is not None and (type(self.max_staleness) is not int or self.max_staleness < 0):
             raise ValueError(f"max_staleness: must be a non-negative integer, got {self.max_staleness!r}")

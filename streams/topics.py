@@ -2,6 +2,7 @@
 
 ``{prefix}.steps.{channel}``  step events, key = prompt_uid
 ``{prefix}.groups.{channel}`` ready prompt groups; retention is the backpressure
+``{prefix}.chunks.{channel}`` the bytes of groups too large for one record (``streams.chunks``)
 ``{prefix}.policy``           the trainer's policy version (compacted)
 ``{prefix}.dlq``              records that could not be processed, with the reason
 ``{prefix}.stats``            statistics snapshots of the stream workers (compacted)
@@ -54,6 +55,11 @@ def steps_topic(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
 
 def groups_topic(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}.groups.{validate_channel(channel)}"
+
+
+def chunks_topic(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Chunks of group records too large for one record; the groups topic names them."""
+    return f"{prefix}.chunks.{validate_channel(channel)}"
 
 
 def policy_topic(prefix: str = DEFAULT_PREFIX) -> str:
@@ -117,20 +123,22 @@ class TopicSettings:
                 raise ValueError(f"{name}: must be at least 1")
 
     def channel_specs(self, channel: str) -> list[TopicSpec]:
-        """The two topics every channel has."""
+        """The topics every channel has. Chunks are kept as long as the groups that name them."""
         common = {"max.message.bytes": str(self.max_message_bytes)}
+        queue = {
+            **common,
+            "cleanup.policy": "delete",
+            "retention.ms": str(self.groups_retention_ms),
+            "retention.bytes": str(self.groups_retention_bytes),
+            "segment.ms": str(self.groups_segment_ms),
+            "segment.bytes": str(self.groups_segment_bytes),
+        }
         return [
             TopicSpec(steps_topic(channel, self.prefix), self.steps_partitions, {
                 **common, "retention.ms": str(self.steps_retention_ms), "cleanup.policy": "delete",
             }, self.replication_factor),
-            TopicSpec(groups_topic(channel, self.prefix), self.groups_partitions, {
-                **common,
-                "cleanup.policy": "delete",
-                "retention.ms": str(self.groups_retention_ms),
-                "retention.bytes": str(self.groups_retention_bytes),
-                "segment.ms": str(self.groups_segment_ms),
-                "segment.bytes": str(self.groups_segment_bytes),
-            }, self.replication_factor),
+            TopicSpec(groups_topic(channel, self.prefix), self.groups_partitions, queue, self.replication_factor),
+            TopicSpec(chunks_topic(channel, self.prefix), self.groups_partitions, queue, self.replication_factor),
         ]
 
     def shared_specs(self) -> list[TopicSpec]:

@@ -13,20 +13,22 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 from kafka.partitioner.default import murmur2
 from confluent_kafka import Producer
 
 from trajbus.consumers import BatchConsumer
+from trajbus.consumers.replay import Replay
 from trajbus.pipelines.processes import worker_process
 from trajbus.streams import codec
 from trajbus.streams.dlq import REASON, SOURCE_TOPIC
 from trajbus.streams.prefix import PROMPT_EXTENDS_STEP, StepDelta
 from trajbus.streams.policy import PolicyVersionPublisher
 from trajbus.streams.producer import StepProducer
-from trajbus.streams.records import ReadyGroup, Step
+from trajbus.streams.records import ChunkedGroup, ReadyGroup, Step
 from trajbus.streams.stats import read_snapshots, summarize
-from trajbus.streams.topics import TopicSettings, dlq_topic, steps_topic
+from trajbus.streams.topics import TopicSettings, dlq_topic, groups_topic, steps_topic
 from trajbus.infra.topics import ensure_topics
 from trajbus.pipelines.synthetic import group_steps
 from tests.helpers import fetch_groups, read_to_end, trajbus, wait_for
@@ -44,7 +46,7 @@ METRICS_PORT = _free_port()
 RULES = [
     "stale.max_staleness=1", "tagged.max_staleness=1", "tagged.stale_action=tag",
     "flat.drop_equal_rewards=true", "custom.group_filter=tests.group_filters:drop_marked",
-    "timeout.group_timeout=3", "timeout.min_rollouts=2",
+    "timeout.group_timeout=3", "timeout.min_rollouts=2", "big.max_group_bytes=30000000",
 ]
 
 
@@ -187,24 +189,47 @@ def test_duplicates_count_once_and_bad_events_go_to_dlq(bootstrap_servers, rules
     assert sum(r.startswith("channel_mismatch: record says 'val'") for r in reasons) == 1
 
 
-def test_a_group_no_record_can_carry_goes_to_the_dlq_and_assembly_goes_on(bootstrap_servers, rules):
-    """Agentic sizes: 2 rollouts x 3 turns of 400k sampled tokens with log-probs, ~19 MB as one group
-    record, over the topics' 16 MiB max.message.bytes (every step alone fits)."""
+def tokens(step: Step) -> tuple:
+    return (step.trajectory_uid, step.step_index, step.prompt_ids, step.response_ids, step.rollout_log_probs,
+            step.reward, step.is_last)
+
+
+def sampled(steps: list[Step], seed: int) -> list[Step]:
+    """Agentic sizes: 400k sampled tokens with log-probs a step (~3.2 MB; every step alone fits a record)."""
+    rng = np.random.default_rng(seed)
+    for step in steps:
+        step.response_ids = rng.integers(0, 150_000, 400_000).tolist()
+        step.rollout_log_probs = (-rng.random(400_000, dtype=np.float32) * 5).tolist()
+    return steps
+
+
+def test_a_group_over_max_message_bytes_travels_in_chunks_one_over_max_group_bytes_goes_to_the_dlq(
+        bootstrap_servers, rules):
+    """2 rollouts x 3 turns of 400k tokens: ~19 MB as one group record, over the topics' 16 MiB
+    max.message.bytes, so it travels as chunks; 2 x 5 turns (~32 MB) is over the channel's
+    max_group_bytes (30 MB): its reason goes to the DLQ and assembly goes on."""
     prefix, producer = rules
-    rng = random.Random(12)
-    huge = a_group("huge", [0.0, 1.0], n_steps=3)
-    for step in huge:
-        step.response_ids = [rng.randrange(150000) for _ in range(400_000)]
-        step.rollout_log_probs = [-rng.random() * 5 for _ in range(400_000)]
+    huge, huger = sampled(a_group("huge", [0.0, 1.0], n_steps=3), 1), sampled(a_group("huger", [0.0, 1.0], 0, 5), 2)
     same_partition = next(uid for uid in (f"after-{i}" for i in range(1000))
-                          if steps_partition(uid) == steps_partition("huge"))
-    producer.submit_steps(huge, channel="big")
-    producer.submit_steps(a_group(same_partition, [0.0, 1.0]), channel="big")
-    group = only_group(bootstrap_servers, prefix, "big")
-    assert group.prompt_uid == same_partition, "the next group of the same partition is still assembled"
+                          if steps_partition(uid) == steps_partition("huger"))
+    for steps in (huge, huger, a_group(same_partition, [0.0, 1.0])):
+        producer.submit_steps(steps, channel="big")
+    with BatchConsumer("big", bootstrap_servers, prefix=prefix) as consumer:
+        got = {group.prompt_uid: group for group in fetch_groups(consumer, 2, timeout=120)}
+        assert consumer.drain() == [], "a group arrived twice"
+    assert set(got) == {"huge", same_partition}, "the next group of the same partition is still assembled"
+    assert [tokens(s) for s in got["huge"].steps] == [tokens(s) for s in sorted(huge, key=lambda s: s.key)], \
+        "whole and exact"
+    records = [codec.decode(m.value()) for m in read_to_end(bootstrap_servers, groups_topic("big", prefix))]
+    [manifest] = [r for r in records if isinstance(r, ChunkedGroup)]
+    assert manifest.prompt_uid == "huge" and len(manifest.offsets) == 2 and manifest.size > 16 * 2**20
+    with Replay("big", bootstrap_servers, prefix=prefix) as replay:
+        replayed = [g for g in replay.groups() if g.prompt_uid == "huge"]
+    assert [[tokens(s) for s in g.steps] for g in replayed] == [[tokens(s) for s in got["huge"].steps]]
+
     reasons = wait_for(lambda: dlq_reasons(bootstrap_servers, prefix, "big"), 60, "the reason on the DLQ")
     assert len(reasons) == 1 and reasons[0].startswith("too_large: group of ")
-    assert "(2 trajectories, 6 steps) exceeds max.message.bytes 16777216" in reasons[0]
+    assert "(2 trajectories, 10 steps) exceeds max_group_bytes 30000000" in reasons[0]
     wait_for(lambda: stats(bootstrap_servers, prefix, "big").get("groups_dropped[too_large]", 0) == 1, 30,
              "the drop counted by reason")
 

@@ -25,9 +25,14 @@ def test_the_documented_plain_kafka_subscriber_decodes_steps_and_groups(bootstra
     import sys
     import time
 
+    from confluent_kafka import Producer
+
     from trajbus.pipelines.synthetic import make_groups
+    from trajbus.streams.chunks import RECORD_OVERHEAD, produce_group
+    from trajbus.streams.records import ReadyGroup
+    from trajbus.streams.topics import chunks_topic, groups_topic
     from trajbus.streams.producer import StepProducer
-    from tests.helpers import through_worker, wait_for
+    from tests.helpers import read_to_end, through_worker, wait_for
     from tests.unit.test_prefix import trajectory
 
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
@@ -44,6 +49,15 @@ def test_the_documented_plain_kafka_subscriber_decodes_steps_and_groups(bootstra
     through_worker(bootstrap_servers, prefix, start_worker, stream, n_rollouts=2)
     with StepProducer(bootstrap_servers, prefix=prefix) as producer:
         producer.complete_trajectory("extra-t", sorted(sent)[0], reward=None)  # an end without a reward
+    chunked = [s for r in range(2) for s in trajectory(f"big/r{r}", 3, start=time.time())]
+    for step in chunked:
+        step.prompt_uid = "big"
+    sent["big"] = chunked
+    raw = Producer({"bootstrap.servers": bootstrap_servers})  # as a replay writes a group over the record limit
+    produce_group(raw, groups_topic("train", prefix), chunks_topic("train", prefix),
+                  ReadyGroup("big", "train", chunked, 2), [], RECORD_OVERHEAD + 100, lambda error, _m: None)
+    assert raw.flush(30) == 0
+    raw.close()
 
     def run() -> list[dict]:
         out = subprocess.run([sys.executable, str(script), bootstrap_servers, prefix, "train"],
@@ -51,10 +65,10 @@ def test_the_documented_plain_kafka_subscriber_decodes_steps_and_groups(bootstra
         assert out.returncode == 0, out.stderr
         return [json.loads(line) for line in out.stdout.splitlines()]
 
-    records = wait_for(lambda: (r := run()) and sum(x["kind"] == "group" for x in r) == 4 and r, 60,
-                       "four groups for the plain subscriber")
+    records = wait_for(lambda: (r := run()) and sum(x["kind"] == "group" for x in r) == 5 and r, 60,
+                       "five groups for the plain subscriber")
     steps = [r for r in records if r["kind"] == "step"]
-    by_key = {(s.trajectory_uid, s.step_index): s for group in sent.values() for s in group}
+    by_key = {(s.trajectory_uid, s.step_index): s for uid, group in sent.items() if uid != "big" for s in group}
     assert len(steps) == len(stream)
     for decoded in steps:
         original = by_key[(decoded["trajectory_uid"], decoded["step_index"])]
@@ -70,3 +84,4 @@ def test_the_documented_plain_kafka_subscriber_decodes_steps_and_groups(bootstra
         assert [(s["trajectory_uid"], s["step_index"], s["prompt_ids"], s["response_ids"]) for s in group["steps"]] \
             == sorted((s.trajectory_uid, s.step_index, s.prompt_ids, s.response_ids) for s in sent[uid])
         assert group["status"] == "complete" and group["n_rollouts"] == 2
+    assert read_to_end(bootstrap_servers, chunks_topic("train", prefix)), "the big group travelled in chunks"

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+import zlib
 from pathlib import Path
 
 import pytest
 
 from trajbus.streams import codec
+from trajbus.streams.chunks import RECORD_OVERHEAD, manifest, split
 from trajbus.streams.prefix import PrefixEncoder
 from trajbus.streams.records import ReadyGroup, Step
 from tests.unit.test_prefix import trajectory
@@ -77,3 +79,19 @@ def test_documented_decoder_reads_the_steps_inside_a_ready_group():
     assert (prompt_uid, channel, status, pos) == ("p", "train", "complete", len(value))
     assert [(s["trajectory_uid"], s["prompt_ids"], s["response_ids"]) for s in decoded] == \
         [(s.trajectory_uid, s.prompt_ids, s.response_ids) for s in steps]
+
+
+def test_documented_subscriber_joins_the_chunks_a_chunked_group_names():
+    ns = documented_decoder()
+    exec(re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)[1], ns)  # the worked example's functions
+    value = codec.encode(ReadyGroup("p", "train", trajectory("t0", 3), 1, ready_at=1.0))
+    chunks = [bytes(c) for c in split(value, RECORD_OVERHEAD + 50)]
+    offsets = [3 + 2 * i for i in range(len(chunks))]
+    record = codec.encode(manifest("p", "x.chunks.train", 1, offsets, value))
+    decoded, end = ns["chunked_body"](record, 4)
+    assert end == len(record)
+    assert decoded == dict(kind="chunked_group", prompt_uid="p", topic="x.chunks.train", partition=1,
+                           size=len(value), crc32=zlib.crc32(value), offsets=offsets)
+    assert ns["joined"](decoded, dict(zip(offsets, chunks))) == value
+    with pytest.raises(ValueError, match="do not match"):
+        ns["joined"](decoded, dict(zip(offsets, [chunks[0][:-1], *chunks[1:]])))
