@@ -31,57 +31,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trajbus.consumers.off_policy import staleness
-from trajbus.streams.records import CONTINUES, SEGMENT_START, Step
+from trajbus.consumers.rows import Row, check_group, name, step_rows, structured_rows, trajectory_rows
+from trajbus.streams.prefix import StructuredGroup
+from trajbus.streams.records import Step
 
 if TYPE_CHECKING:  # verl is imported when a batch is built, not when trajbus is
     from verl import DataProto
 
 ROW_MODES = ("step", "trajectory")
-
-
-def _name(step: Step) -> str:
-    return f"step {step.trajectory_uid}#{step.step_index}"
-
-
-def check_group(steps: list[Step]) -> list[Step]:
-    """One prompt group: every step shares the first step's prompt_uid (GRPO groups by it)."""
-    for step in steps:
-        if step.prompt_uid != steps[0].prompt_uid:
-            raise ValueError(f"{_name(step)}: prompt_uid {step.prompt_uid!r} differs from its group's "
-                             f"{steps[0].prompt_uid!r}")
-    return steps
-
-
-@dataclass
-class Row:
-    """One training row before padding."""
-
-    prompt: list[int]
-    response: list[int]
-    response_mask: list[int]
-    log_probs: list[float] | None
-    reward: float
-    steps: list[Step]
-
-
-def _segment_row(segment: list[Step], reward: float) -> Row:
-    """One row of steps whose prompts each extend the previous step's prompt and response."""
-    first = segment[0]
-    context = list(first.prompt_ids)
-    response: list[int] = []
-    mask: list[int] = []
-    log_probs: list[float] | None = [] if all(s.rollout_log_probs is not None for s in segment) else None
-    for step in segment:
-        if step.prompt_ids[:len(context)] != context:
-            raise ValueError(f"{_name(step)}: its prompt does not extend the prompt and response of the step "
-                             f"it continues; use row_mode='step' for this trajectory")
-        between = step.prompt_ids[len(context):]
-        response += between + step.response_ids
-        mask += [0] * len(between) + [1] * len(step.response_ids)
-        if log_probs is not None:
-            log_probs += [0.0] * len(between) + list(step.rollout_log_probs)
-        context = list(step.prompt_ids) + list(step.response_ids)
-    return Row(list(first.prompt_ids), response, mask, log_probs, reward, segment)
 
 
 class TrainingBackend(ABC):
@@ -90,6 +47,10 @@ class TrainingBackend(ABC):
     @abstractmethod
     def convert(self, steps: list[Step], current_version: int | None = None) -> Any:
         """One batch of ``steps``; with ``current_version``, rows carry their staleness."""
+
+    def convert_groups(self, groups: list[StructuredGroup], current_version: int | None = None) -> Any:
+        """One batch of decoded group records; a backend that reads their prefix structure overrides it."""
+        return self.convert([step for group in groups for step in check_group(group.ready().steps)], current_version)
 
 
 class VerlBackend(TrainingBackend):
@@ -111,56 +72,45 @@ class VerlBackend(TrainingBackend):
     def rows(self, steps: list[Step]) -> list[Row]:
         if not steps:
             raise ValueError("steps: an empty batch cannot be converted")
+        self._check_log_probs(steps)
+        return self._fit(step_rows(steps) if self.row_mode == "step" else trajectory_rows(steps))
+
+    def structured_rows(self, groups: list[StructuredGroup]) -> list[Row]:
+        """Rows straight from group records' prefix structure (``consumers.rows``)."""
+        if not any(group.entries for group in groups):
+            raise ValueError("groups: an empty batch cannot be converted")
+        self._check_log_probs([entry.step for group in groups for entry in group.entries])
+        return self._fit(structured_rows(groups, self.row_mode))
+
+    @staticmethod
+    def _check_log_probs(steps: list[Step]) -> None:
         for step in steps:
             if step.rollout_log_probs is not None and len(step.rollout_log_probs) != len(step.response_ids):
-                raise ValueError(f"{_name(step)}: {len(step.rollout_log_probs)} log-probs for "
+                raise ValueError(f"{name(step)}: {len(step.rollout_log_probs)} log-probs for "
                                  f"{len(step.response_ids)} response tokens")
-        if self.row_mode == "step":
-            rows = [Row(s.prompt_ids, s.response_ids, [1] * len(s.response_ids), s.rollout_log_probs, s.reward, [s])
-                    for s in steps]
-        else:
-            rows = self._trajectory_rows(steps)
+
+    def _fit(self, rows: list[Row]) -> list[Row]:
         for row in rows:
-            last = row.steps[-1]
             if len(row.prompt) > self.prompt_length:
-                raise ValueError(f"{_name(row.steps[0])}: prompt of {len(row.prompt)} tokens exceeds "
+                raise ValueError(f"{name(row.steps[0])}: prompt of {len(row.prompt)} tokens exceeds "
                                  f"prompt_length {self.prompt_length}")
             if len(row.response) > self.response_length:
-                raise ValueError(f"{_name(last)}: response of {len(row.response)} tokens exceeds "
+                raise ValueError(f"{name(row.steps[-1])}: response of {len(row.response)} tokens exceeds "
                                  f"response_length {self.response_length}")
-        return rows
-
-    def _trajectory_rows(self, steps: list[Step]) -> list[Row]:
-        by_trajectory: dict[str, list[Step]] = {}
-        for step in steps:
-            by_trajectory.setdefault(step.trajectory_uid, []).append(step)
-        rows = []
-        for trajectory in by_trajectory.values():
-            check_group(trajectory)
-            trajectory.sort(key=lambda s: s.step_index)
-            reward = trajectory[-1].reward
-            segments: list[list[Step]] = []
-            tips: dict[int, list[Step]] = {}  # step_index of a segment's last step -> the segment
-            for previous, step in zip([None, *trajectory], trajectory):
-                if previous is None or step.metadata.get(SEGMENT_START):
-                    segment = [step]
-                    segments.append(segment)
-                else:
-                    segment = tips.pop(step.metadata.get(CONTINUES, previous.step_index), None)
-                    if segment is None:
-                        raise ValueError(f"{_name(step)}: the step it continues is not in the batch; "
-                                         f"use row_mode='step' for this trajectory")
-                    segment.append(step)
-                tips[step.step_index] = segment
-            rows += [_segment_row(segment, reward) for segment in segments]
         return rows
 
     # -- tensors ---------------------------------------------------------------------
     def convert(self, steps: list[Step], current_version: int | None = None) -> DataProto:
+        return self.batch(self.rows(steps), current_version)
+
+    def convert_groups(self, groups: list[StructuredGroup], current_version: int | None = None) -> DataProto:
+        return self.batch(self.structured_rows(groups), current_version)
+
+    def batch(self, rows: list[Row], current_version: int | None = None) -> DataProto:
+        """The padded tensors of checked rows."""
         import torch  # with verl: only where batches are built, not wherever trajbus is imported
         from verl import DataProto
 
-        rows = self.rows(steps)
         n, p_len, r_len = len(rows), self.prompt_length, self.response_length
         prompts = np.full((n, p_len), self.pad_token_id, dtype=np.int64)
         responses = np.full((n, r_len), self.pad_token_id, dtype=np.int64)
@@ -177,9 +127,9 @@ class VerlBackend(TrainingBackend):
             responses[i, :r] = row.response
             response_attention[i, :r] = 1
             response_mask[i, :r] = row.response_mask
-            last_real = max((j for j, m in enumerate(row.response_mask) if m), default=r - 1)
-            if last_real >= 0:
-                scores[i, last_real] = row.reward
+            real = np.flatnonzero(response_mask[i, :r])
+            if r:
+                scores[i, real[-1] if len(real) else r - 1] = row.reward
             if with_log_probs:
                 log_probs[i, :r] = row.log_probs
         attention = np.concatenate([prompt_mask, response_attention], axis=1)

@@ -19,10 +19,12 @@ from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.topics import watermarks
 from trajbus.infra.kafka_config import KafkaUnreachable, client_config
 from trajbus.consumers import metrics
-from trajbus.consumers.backends import TrainingBackend, check_group
+from trajbus.consumers.backends import TrainingBackend
+from trajbus.consumers.rows import check_group
 from trajbus.streams import codec
 from trajbus.streams.chunks import ChunkReader
 from trajbus.streams.dlq import dlq_headers
+from trajbus.streams.prefix import StructuredGroup
 from trajbus.streams.records import ReadyGroup, Step
 from trajbus.streams.topics import DEFAULT_PREFIX, dlq_topic, groups_topic, trainer_group_id, validate_channel
 
@@ -67,7 +69,7 @@ class BatchConsumer:
         self._dlq: Producer | None = None
         self._chunks = ChunkReader(self.bootstrap_servers)
         self.backend = backend
-        self._held: list[tuple[ReadyGroup, int, int]] = []
+        self._held: list[tuple[StructuredGroup, int, int]] = []
         """(group, partition, offset) fetched for a batch that timed out; they start the next batch."""
         self.trimmed = 0
         """Prefetched groups skipped because the queue bound had dropped them meanwhile."""
@@ -83,9 +85,9 @@ class BatchConsumer:
             return None
         group, partition, offset = fetched
         self._positions[partition] = offset + 1
-        return group
+        return group.ready()
 
-    def _next(self, timeout: float | None) -> tuple[ReadyGroup, int, int] | None:
+    def _next(self, timeout: float | None) -> tuple[StructuredGroup, int, int] | None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = 1.0 if deadline is None else deadline - time.monotonic()
@@ -103,7 +105,7 @@ class BatchConsumer:
             group = None if self._trimmed(message) else self._decode(message)
             if group is not None:
                 metrics.GROUPS.labels(self.channel).inc()
-                metrics.STEPS.labels(self.channel).inc(len(group.steps))
+                metrics.STEPS.labels(self.channel).inc(len(group.entries))
                 metrics.QUEUE_WAIT.labels(self.channel).observe(max(0.0, time.time() - group.ready_at))
                 return group, message.partition(), message.offset()
             if not self._held:  # a skipped record moves the position only if no group waits before it
@@ -139,8 +141,7 @@ class BatchConsumer:
                 return None
             self._held.append(fetched)
         taken, self._held = self._held[:n_groups], self._held[n_groups:]
-        steps = [step for group, _, _ in taken for step in check_group(group.steps)]
-        batch = self.backend.convert(steps, current_version)
+        batch = self.backend.convert_groups([group for group, _, _ in taken], current_version)
         for _, partition, offset in taken:
             self._positions[partition] = offset + 1
         return batch
@@ -226,12 +227,13 @@ class BatchConsumer:
                              f"trajectories, the caller expects {n_rollouts}")
         return check_group(group.steps)
 
-    def _decode(self, message: Message) -> ReadyGroup | None:
-        """Decode a group (a chunked one from its chunks); anything else goes to the DLQ (never silently
-        dropped)."""
+    def _decode(self, message: Message) -> StructuredGroup | None:
+        """Decode a group (a chunked one from its chunks), its prompts not rebuilt yet; anything else
+        goes to the DLQ (never silently dropped)."""
         try:
-            record = self._chunks.whole(codec.decode(message.value()))
-            if not isinstance(record, ReadyGroup):
+            options = {"arrays": True, "structured": True}  # token ids stay numpy views of the value
+            record = self._chunks.whole(codec.decode(message.value(), **options), **options)
+            if not isinstance(record, StructuredGroup):
                 raise codec.DecodeError(f"a {type(record).__name__} does not belong on a groups topic")
             return record
         except ValueError as exc:

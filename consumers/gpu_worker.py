@@ -12,7 +12,8 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from trajbus.consumers.backends import VerlBackend, check_group
+from trajbus.consumers.backends import VerlBackend
+from trajbus.consumers.rows import check_group
 from trajbus.consumers.batch_consumer import BatchConsumer
 from trajbus.streams.topics import DEFAULT_PREFIX, trainer_group_id
 

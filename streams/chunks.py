@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, Producer
 from trajbus.infra.kafka_config import client_config
 from trajbus.infra.topics import read_partition
 from trajbus.streams import codec
+from trajbus.streams.prefix import StructuredGroup
 from trajbus.streams.records import ChunkedGroup, ReadyGroup
 
 log = logging.getLogger(__name__)
@@ -71,12 +72,13 @@ class ChunkReader:
         self.bootstrap_servers = bootstrap_servers
         self._consumer: Consumer | None = None
 
-    def whole(self, record: Any) -> Any:
-        """A manifest's ``ReadyGroup``; any other record as it is. Raises ``DecodeError``."""
+    def whole(self, record: Any, **decode_options: bool) -> Any:
+        """A manifest's group (decoded with ``codec.decode``'s options); any other record as it is.
+        Raises ``DecodeError``."""
         if not isinstance(record, ChunkedGroup):
             return record
-        group = codec.decode(self.group_bytes(record))
-        if not isinstance(group, ReadyGroup):
+        group = codec.decode(self.group_bytes(record), **decode_options)
+        if not isinstance(group, (ReadyGroup, StructuredGroup)):
             raise codec.DecodeError(f"chunked group {record.prompt_uid}: its chunks hold a {type(group).__name__}")
         return group
 

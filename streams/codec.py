@@ -18,7 +18,7 @@ from typing import Union
 import numpy as np
 
 from trajbus.streams.prefix import (PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL, PrefixError,
-                                    StepDelta, resolve_group, structure)
+                                    StepDelta, StructuredGroup, structure)
 from trajbus.streams.records import ChunkedGroup, ReadyGroup, Step, TrajectoryEnd
 
 SCHEMA_VERSION = 2
@@ -297,7 +297,7 @@ def _read_end(reader: _Reader, version: int = SCHEMA_VERSION) -> TrajectoryEnd:
     )
 
 
-def _read_group(reader: _Reader, version: int = SCHEMA_VERSION) -> ReadyGroup:
+def _read_group(reader: _Reader, version: int = SCHEMA_VERSION) -> StructuredGroup:
     prompt_uid, channel = reader.str(), reader.str()
     n_rollouts, ready_at = reader.fixed(_GROUP_FIXED)
     status, metadata = reader.str(), reader.metadata()
@@ -307,12 +307,8 @@ def _read_group(reader: _Reader, version: int = SCHEMA_VERSION) -> ReadyGroup:
         body = _Reader(reader.take(reader.uvarint()), reader.arrays)
         entries.append(_read_step(body, version, in_group=True))
         body.done()
-    try:
-        steps = resolve_group(shared, entries)
-    except PrefixError as exc:
-        raise DecodeError(str(exc)) from None
-    return ReadyGroup(prompt_uid=prompt_uid, channel=channel, steps=steps, n_rollouts=n_rollouts,
-                      ready_at=ready_at, status=status, metadata=metadata)
+    return StructuredGroup(shared, entries, dict(prompt_uid=prompt_uid, channel=channel, n_rollouts=n_rollouts,
+                                                 ready_at=ready_at, status=status, metadata=metadata)).check()
 
 
 def _read_chunked(reader: _Reader, version: int = SCHEMA_VERSION) -> ChunkedGroup:
@@ -330,11 +326,12 @@ _READERS = {KIND_STEP: _read_step, KIND_TRAJECTORY_END: _read_end, KIND_READY_GR
             KIND_CHUNKED_GROUP: _read_chunked}
 
 
-def decode(value: bytes | None, arrays: bool = False) -> Record:
+def decode(value: bytes | None, arrays: bool = False, structured: bool = False) -> Record | StructuredGroup:
     """Decode a value; any defect raises ``DecodeError`` with a reason fit for the DLQ.
 
     ``arrays``: token ids and log-probs stay numpy arrays over ``value`` (4 bytes a token instead
-    of a Python int each), for a reader that only re-encodes them; such records do not ``validate``."""
+    of a Python int each), for a reader that only re-encodes them; such records do not ``validate``.
+    ``structured``: a group stays a ``StructuredGroup`` (its prompts not rebuilt)."""
     if not value:
         raise DecodeError("empty value")
     reader = _Reader(value, arrays)
@@ -350,9 +347,9 @@ def decode(value: bytes | None, arrays: bool = False) -> Record:
         raise DecodeError(f"unknown record kind {kind}")
     try:
         record = read(reader, version)
+        reader.done()
+        return record if structured or not isinstance(record, StructuredGroup) else record.ready()
     except DecodeError:
         raise
-    except (struct.error, ValueError, TypeError) as exc:
+    except (struct.error, ValueError, TypeError) as exc:  # PrefixError too
         raise DecodeError(f"malformed record: {exc}") from None
-    reader.done()
-    return record

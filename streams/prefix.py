@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trajbus.streams.records import Step
+from trajbus.streams.records import ReadyGroup, Step
 
 PROMPT_FULL = 0
 PROMPT_EXTENDS_STEP = 1
@@ -295,6 +295,46 @@ def resolve_group(shared: list[int] | np.ndarray, entries: list[StepDelta]) -> l
         log_probs = None if step.rollout_log_probs is None else _as_list(step.rollout_log_probs)
         steps.append(dataclasses.replace(step, prompt_ids=prompt, response_ids=response, rollout_log_probs=log_probs))
     return steps
+
+
+@dataclass
+class StructuredGroup:
+    """A decoded group record before its prompts are rebuilt: a trainer turns it into rows from
+    the stored deltas (``consumers.rows``), never materialising every step's full prompt;
+    ``ready()`` rebuilds the full steps."""
+
+    shared: list[int] | np.ndarray
+    entries: list[StepDelta]
+    """Ordered by (trajectory_uid, step_index); each prompt against ``shared`` or an earlier step."""
+    fields: dict
+    """``ReadyGroup``'s other fields (prompt_uid, channel, n_rollouts, ready_at, status, metadata)."""
+
+    @property
+    def prompt_uid(self) -> str:
+        return self.fields["prompt_uid"]
+
+    @property
+    def ready_at(self) -> float:
+        return self.fields["ready_at"]
+
+    def check(self) -> "StructuredGroup":
+        """Every stored prefix lies within its base (``PrefixError`` if not): what ``ready()`` and a
+        trainer's rows rely on, checked in O(steps)."""
+        lengths: dict[int, int] = {}  # step_index -> prompt + response tokens, of the trajectory so far
+        for i, entry in enumerate(self.entries):
+            step = entry.step
+            if i and self.entries[i - 1].step.trajectory_uid != step.trajectory_uid:
+                lengths.clear()
+            room = {PROMPT_FULL: 0, PROMPT_EXTENDS_SHARED: len(self.shared)}.get(
+                entry.kind, lengths.get(entry.base_index, -1) if entry.base_index < step.step_index else -1)
+            if entry.prefix_len > room:
+                raise PrefixError(f"step {step.trajectory_uid}#{step.step_index}: its prefix is not in the group")
+            lengths[step.step_index] = entry.prompt_len + len(step.response_ids)
+        return self
+
+    def ready(self) -> ReadyGroup:
+        """The group with full steps; raises ``PrefixError``."""
+        return ReadyGroup(steps=resolve_group(self.shared, self.entries), **self.fields)
 
 
 def _as_list(values: list | np.ndarray) -> list:

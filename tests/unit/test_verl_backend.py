@@ -125,7 +125,7 @@ def test_verl_grpo_advantages_and_policy_loss_on_a_converted_group():
 
 
 def test_a_group_with_two_prompt_uids_is_refused_naming_the_step():
-    from trajbus.consumers.backends import check_group
+    from trajbus.consumers.rows import check_group
 
     with pytest.raises(ValueError, match="step b#0: prompt_uid 'q' differs from its group's 'p'"):
         check_group([step("a", 0, [1], [2]), step("b", 0, [1], [2], uid="q")])
