@@ -61,10 +61,15 @@ class Context:
     """A step's prompt + response, what the next step of its trajectory may extend."""
 
     step_index: int
-    tokens: np.ndarray
+    tokens: np.ndarray | list[int]
+    """A reader's are numpy; a writer's are the caller's own list (see ``PrefixEncoder``)."""
     keyframe_at: float
     depth: int
     """Steps since the trajectory's last keyframe."""
+
+    @property
+    def nbytes(self) -> int:
+        return self.tokens.nbytes if isinstance(self.tokens, np.ndarray) else 8 * len(self.tokens)
 
 
 def as_tokens(ids: list[int] | np.ndarray) -> np.ndarray:
@@ -98,42 +103,58 @@ class _Memory:
     def remember(self, trajectory_uid: str, context: Context, keep: int) -> None:
         contexts = [c for c in self.by_trajectory.pop(trajectory_uid, []) if c.step_index != context.step_index]
         contexts.append(context)
-        self.bytes += context.tokens.nbytes
+        self.bytes += context.nbytes
         for dropped in contexts[:-keep]:
-            self.bytes -= dropped.tokens.nbytes
+            self.bytes -= dropped.nbytes
         self.by_trajectory[trajectory_uid] = contexts[-keep:]
         while self.bytes > self.max_bytes and len(self.by_trajectory) > 1:
             _uid, evicted = self.by_trajectory.popitem(last=False)
-            self.bytes -= sum(c.tokens.nbytes for c in evicted)
+            self.bytes -= sum(c.nbytes for c in evicted)
 
     def forget(self, trajectory_uid: str) -> None:
-        self.bytes -= sum(c.tokens.nbytes for c in self.by_trajectory.pop(trajectory_uid, []))
+        self.bytes -= sum(c.nbytes for c in self.by_trajectory.pop(trajectory_uid, []))
 
 
 class PrefixEncoder:
-    """Producer side: remembers the last step sent per trajectory and expresses the next one against it."""
+    """Producer side: remembers the last step sent per trajectory and expresses the next one against it.
+
+    It keeps a context as the caller's token list (pointers, 8 bytes a token, no conversion):
+    an agent's next prompt is usually that list extended, which one C-speed list comparison
+    confirms, so a step costs its new tokens, not its context."""
 
     def __init__(self, max_bytes: int = DEFAULT_MEMORY_BYTES, keyframe_every: int = KEYFRAME_EVERY) -> None:
         self.memory = _Memory(max_bytes)
         self.keyframe_every = keyframe_every
 
+    def extended(self, step: Step) -> int:
+        """How many leading prompt tokens are the whole context of the trajectory's last step
+        sent (0 if the prompt does not extend all of it): tokens already validated."""
+        recent = self.memory.by_trajectory.get(step.trajectory_uid)
+        if not recent:
+            return 0
+        context = recent[-1].tokens
+        head = step.prompt_ids[:len(context)]
+        return len(context) if len(head) == len(context) and list(head) == context else 0
+
     def delta(self, step: Step) -> StepDelta:
         """``step`` as it goes on the wire; it becomes the base the trajectory's next step may extend."""
-        prompt = as_tokens(step.prompt_ids)
         recent = self.memory.recent(step.trajectory_uid)
         base = recent[-1] if recent else None
-        prefix_len = common_prefix(prompt, base.tokens) if base is not None else 0
+        prefix_len = self.extended(step)
+        if base is not None and not prefix_len:  # not the whole context: where do they part?
+            prefix_len = common_prefix(as_tokens(step.prompt_ids), as_tokens(base.tokens))
+        context = [*step.prompt_ids, *step.response_ids]
         if base is None or prefix_len == 0 or base.depth + 1 >= self.keyframe_every:
             delta = StepDelta(step, PROMPT_FULL, 0)
-            context = context_of(step, prompt, step.created_at, 0)
+            remembered = Context(step.step_index, context, step.created_at, 0)
         else:
             delta = StepDelta(dataclasses.replace(step, prompt_ids=step.prompt_ids[prefix_len:]),
                               PROMPT_EXTENDS_STEP, prefix_len, base.step_index, base.keyframe_at)
-            context = context_of(step, prompt, base.keyframe_at, base.depth + 1)
+            remembered = Context(step.step_index, context, base.keyframe_at, base.depth + 1)
         if step.is_last:
             self.memory.forget(step.trajectory_uid)
         else:
-            self.memory.remember(step.trajectory_uid, context, keep=1)
+            self.memory.remember(step.trajectory_uid, remembered, keep=1)
         return delta
 
     def forget(self, trajectory_uid: str) -> None:

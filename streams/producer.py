@@ -61,13 +61,14 @@ class _Acks:
         return self.delivered + len(self.errors) >= self.expected
 
 
-def _as_step(step: Step | Mapping[str, Any], channel: str, n_rollouts: int | None) -> Step:
+def _as_step(step: Step | Mapping[str, Any], channel: str, n_rollouts: int | None,
+             encoder: PrefixEncoder) -> Step:
     if isinstance(step, Mapping):
         step = Step.from_dict(step)
     elif not isinstance(step, Step):
         raise ValueError(f"steps: expected Step or dict, got {type(step).__name__}")
     else:
-        step.validate()
+        step.validate(known_prefix=encoder.extended(step))
     if n_rollouts is not None and step.n_rollouts is None:
         step = dataclasses.replace(step, n_rollouts=n_rollouts)
     if step.channel is None:
@@ -197,7 +198,7 @@ class StepProducer:
         validate_channel(channel)
         if n_rollouts is not None and (type(n_rollouts) is not int or n_rollouts < 1):
             raise ValueError(f"n_rollouts: must be a positive integer, got {n_rollouts!r}")
-        records = [_as_step(step, channel, n_rollouts) for step in steps]  # all validated before any is sent
+        records = [_as_step(step, channel, n_rollouts, self._prefixes) for step in steps]  # all validated before any is sent
         if not records:
             return 0
         return self._publish(self._topic(channel), records)

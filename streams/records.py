@@ -52,13 +52,29 @@ def _check_float(name: str, value: object) -> float:
     return float(value)
 
 
-def _check_token_ids(name: str, ids: object) -> list[int]:
+def _check_token_ids(name: str, ids: object, start: int = 0) -> None:
+    """``ids[start:]`` are token ids (those before ``start`` were checked already)."""
     if not isinstance(ids, (list, tuple)):
         raise ValueError(f"{name}: must be a list of token ids, got {type(ids).__name__}")
-    for position, token in enumerate(ids):
+    new = ids[start:]
+    if not new or (set(map(type, new)) == {int} and min(new) >= 0 and max(new) < _U32):
+        return  # the common case at C speed
+    for position, token in enumerate(new, start):
         if type(token) is not int or not 0 <= token < _U32:
             raise ValueError(f"{name}[{position}]: token ids are integers in [0, 2**32), got {token!r}")
-    return list(ids)
+
+
+def _check_log_probs(values: object, n_tokens: int) -> None:
+    if not isinstance(values, (list, tuple)):
+        raise ValueError("rollout_log_probs: must be a list of floats or null")
+    if len(values) != n_tokens:
+        raise ValueError(f"rollout_log_probs: has {len(values)} values for {n_tokens} response tokens "
+                         f"(need one per token)")
+    if set(map(type, values)) <= {float, int} and not any(map(math.isnan, values)):
+        return
+    for position, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise ValueError(f"rollout_log_probs[{position}]: must be a number, got {value!r}")
 
 
 def _check_metadata(name: str, metadata: object) -> dict:
@@ -133,8 +149,10 @@ class Step:
 
     REQUIRED = ("prompt_ids", "response_ids", "trajectory_uid", "prompt_uid")
 
-    def validate(self) -> "Step":
-        _check_token_ids("prompt_ids", self.prompt_ids)
+    def validate(self, known_prefix: int = 0) -> "Step":
+        """Raises ``ValueError`` naming the first bad field. ``known_prefix``: leading prompt tokens
+        already checked (a producer's last step of the trajectory), so a turn costs its new tokens."""
+        _check_token_ids("prompt_ids", self.prompt_ids, known_prefix)
         _check_token_ids("response_ids", self.response_ids)
         _check_str("trajectory_uid", self.trajectory_uid)
         _check_str("prompt_uid", self.prompt_uid)
@@ -145,16 +163,7 @@ class Step:
             raise ValueError(f"is_last: must be a boolean, got {self.is_last!r}")
         _check_metadata("metadata", self.metadata)
         if self.rollout_log_probs is not None:
-            if not isinstance(self.rollout_log_probs, (list, tuple)):
-                raise ValueError("rollout_log_probs: must be a list of floats or null")
-            if len(self.rollout_log_probs) != len(self.response_ids):
-                raise ValueError(
-                    f"rollout_log_probs: has {len(self.rollout_log_probs)} values for "
-                    f"{len(self.response_ids)} response tokens (need one per token)"
-                )
-            for position, value in enumerate(self.rollout_log_probs):
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-                    raise ValueError(f"rollout_log_probs[{position}]: must be a number, got {value!r}")
+            _check_log_probs(self.rollout_log_probs, len(self.response_ids))
         _check_float("created_at", self.created_at)
         if self.channel is not None:
             validate_channel(self.channel)

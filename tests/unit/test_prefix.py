@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from trajbus.streams import codec
@@ -142,3 +144,19 @@ def test_a_producer_whose_send_failed_writes_the_trajectorys_next_step_whole():
         with pytest.raises(DeliveryError):
             producer.submit_steps([first], channel="train")
         assert producer._prefixes.delta(second).kind == PROMPT_FULL  # step 0 may never have arrived
+
+
+def test_a_turn_that_extends_the_last_context_sent_is_validated_from_its_new_tokens_on():
+    encoder = PrefixEncoder()
+    steps = trajectory("t", 3)
+    encoder.delta(steps[0])
+    known = len(steps[0].prompt_ids) + len(steps[0].response_ids)
+    assert encoder.extended(steps[1]) == known
+    bad_tail = dataclasses.replace(steps[1], prompt_ids=steps[1].prompt_ids[:-1] + [-1])
+    with pytest.raises(ValueError, match=rf"^prompt_ids\[{len(bad_tail.prompt_ids) - 1}\]: "):
+        bad_tail.validate(known_prefix=encoder.extended(bad_tail))
+    edited = dataclasses.replace(steps[1], prompt_ids=[-1] + steps[1].prompt_ids[1:])
+    assert encoder.extended(edited) == 0  # not the context sent: every token is checked
+    with pytest.raises(ValueError, match=r"^prompt_ids\[0\]: "):
+        edited.validate(known_prefix=encoder.extended(edited))
+    assert encoder.extended(trajectory("other", 2)[1]) == 0
