@@ -25,7 +25,6 @@ that names it, never a silent cut.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np

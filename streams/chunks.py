@@ -19,10 +19,10 @@ import uuid
 import zlib
 from typing import Any, Callable, Mapping
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from trajbus.infra.kafka_config import client_config
-from trajbus.infra.topics import read_partition
+from trajbus.infra.topics import read_partition, watermarks
 from trajbus.streams import codec
 from trajbus.streams.prefix import StructuredGroup
 from trajbus.streams.records import ChunkedGroup, ReadyGroup
@@ -57,7 +57,7 @@ def join(group: ChunkedGroup, chunks: Mapping[int, bytes]) -> bytes:
     missing = [offset for offset in group.offsets if offset not in chunks]
     if missing:
         raise codec.DecodeError(f"chunked group {group.prompt_uid}: chunks at {group.topic}[{group.partition}] "
-                                f"offsets {missing} are gone (deleted by retention?)")
+                                f"offsets {missing} are missing")
     value = b"".join(chunks[offset] for offset in group.offsets)
     if len(value) != group.size or zlib.crc32(value) != group.crc32:
         raise codec.DecodeError(f"chunked group {group.prompt_uid}: its chunks do not match the manifest "
@@ -88,6 +88,10 @@ class ChunkReader:
                 "group.id": f"trajbus.chunks.{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
                 "enable.partition.eof": True, "auto.offset.reset": "error", "logger": log}))
         wanted = set(group.offsets)
+        low, _high = watermarks(self._consumer, TopicPartition(group.topic, group.partition), 10.0)
+        if min(wanted) < low:  # a reader behind retention: this group is gone, the next may not be
+            raise codec.DecodeError(f"chunked group {group.prompt_uid}: its chunks before offset {low} of "
+                                    f"{group.topic}[{group.partition}] were deleted by retention")
         chunks = {m.offset(): m.value() for m in read_partition(self._consumer, group.topic, group.partition,
                                                                   min(wanted), max(wanted) + 1)
                   if m.offset() in wanted}

@@ -17,7 +17,7 @@ from typing import Union
 
 import numpy as np
 
-from trajbus.streams.prefix import (PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL, PrefixError,
+from trajbus.streams.prefix import (PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL,
                                     StepDelta, StructuredGroup, structure)
 from trajbus.streams.records import ChunkedGroup, ReadyGroup, Step, TrajectoryEnd
 

@@ -198,7 +198,8 @@ class StepProducer:
         validate_channel(channel)
         if n_rollouts is not None and (type(n_rollouts) is not int or n_rollouts < 1):
             raise ValueError(f"n_rollouts: must be a positive integer, got {n_rollouts!r}")
-        records = [_as_step(step, channel, n_rollouts, self._prefixes) for step in steps]  # all validated before any is sent
+        # all validated before any is sent
+        records = [_as_step(step, channel, n_rollouts, self._prefixes) for step in steps]
         if not records:
             return 0
         return self._publish(self._topic(channel), records)
