@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trajbus.infra.topics import describe_topics, ensure_topics
-from trajbus.streams.topics import TopicSettings, groups_topic, policy_topic, steps_topic
+from trajbus.streams.topics import TopicSettings, chunks_topic, groups_topic, policy_topic, steps_topic
 from tests.helpers import trajbus
 
 
@@ -16,13 +16,15 @@ def test_provisioning_is_idempotent_and_applies_settings(bootstrap_servers: str,
 
     infos = {i.name: i for i in describe_topics(bootstrap_servers, prefix=f"{prefix}.")}
     assert set(infos) == {f"{prefix}.dlq", f"{prefix}.policy", f"{prefix}.stats",
-                          *(f"{prefix}.{k}.{c}" for k in ("steps", "groups") for c in ("train", "val"))}
+                          *(f"{prefix}.{k}.{c}" for k in ("steps", "groups", "chunks") for c in ("train", "val"))}
     assert infos[steps_topic("train", prefix)].partitions == 4
     assert infos[groups_topic("val", prefix)].partitions == 1
     groups_config = infos[groups_topic("train", prefix)].config
     assert groups_config["retention.ms"] == "123456"
     assert groups_config["retention.bytes"] == "7000000"
     assert groups_config["max.message.bytes"] == str(settings.max_message_bytes)
+    chunks_config = infos[chunks_topic("train", prefix)].config  # chunks live as long as the groups naming them
+    assert (chunks_config["retention.ms"], chunks_config["retention.bytes"]) == ("123456", "7000000")
     assert infos[policy_topic(prefix)].config["cleanup.policy"] == "compact"
     assert infos[f"{prefix}.stats"].config["cleanup.policy"] == "compact"
 
@@ -42,7 +44,7 @@ def test_topics_cli_lists_partitions_offsets_and_configs(bootstrap_servers: str,
     assert result.returncode == 0, result.stderr
     lines = {line.split()[0]: line for line in result.stdout.splitlines()[2:]}
     assert set(lines) == {f"{prefix}.dlq", f"{prefix}.policy", f"{prefix}.stats", f"{prefix}.steps.train",
-                          f"{prefix}.groups.train"}
+                          f"{prefix}.groups.train", f"{prefix}.chunks.train"}
     assert lines[f"{prefix}.steps.train"].split()[1] == "8"
     assert "0,0,0,0,0,0,0,0" in lines[f"{prefix}.steps.train"]
     assert "cleanup.policy=compact" in lines[f"{prefix}.policy"]
