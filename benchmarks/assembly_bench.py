@@ -13,6 +13,7 @@ Prints a table and writes benchmarks/results/assembly.json.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
 import tempfile
@@ -30,6 +31,8 @@ from trajbus.streams import codec
 from trajbus.streams.producer import StepProducer
 from trajbus.pipelines.synthetic import make_groups
 
+log = logging.getLogger("trajbus.benchmarks")
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -38,11 +41,11 @@ def raw_round_trip(bootstrap: str, values: list[tuple[bytes, bytes]], partitions
     topic = f"bench-raw-{uuid.uuid4().hex[:6]}"
     ensure_topics(bootstrap, [TopicSpec(topic, partitions)])
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic, "auto.offset.reset": "earliest",
-                         "fetch.wait.max.ms": 50})
+                         "fetch.wait.max.ms": 50, "logger": log})
     consumer.subscribe([topic])
     consumer.poll(1.0)  # join the group before the clock starts
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 1,
-                         "compression.type": "lz4", "partitioner": "murmur2_random"})
+                         "compression.type": "lz4", "partitioner": "murmur2_random", "logger": log})
     start = time.perf_counter()
     for key, value in values:
         while True:
