@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -42,6 +42,7 @@ class BatchConsumer:
         group_id: str | None = None,
         backend: TrainingBackend | None = None,
         outage_limit: float | None = 120.0,
+        keep: Callable[[str], bool] | None = None,
         **config: Any,
     ) -> None:
         self.channel = validate_channel(channel)
@@ -76,6 +77,8 @@ class BatchConsumer:
         self.outage_limit = outage_limit
         """Seconds the broker may be unreachable while fetching before ``KafkaUnreachable`` (None: forever)."""
         self._last_contact = time.monotonic()
+        self.keep = keep
+        """Which groups (by ``prompt_uid``) this consumer hands out; the others are passed over."""
 
     def fetch_group(self, timeout: float | None = None) -> ReadyGroup | None:
         """The next ready group, or ``None`` if none arrives within ``timeout`` seconds
@@ -103,6 +106,8 @@ class BatchConsumer:
                     log.warning("consumer error on %s: %s", self.topic, message.error().str())
                 continue
             group = None if self._trimmed(message) else self._decode(message)
+            if group is not None and self.keep is not None and not self.keep(group.prompt_uid):
+                group = None
             if group is not None:
                 metrics.GROUPS.labels(self.channel).inc()
                 metrics.STEPS.labels(self.channel).inc(len(group.entries))

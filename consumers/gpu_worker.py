@@ -13,7 +13,6 @@ import zlib
 from typing import Any
 
 from trajbus.consumers.backends import VerlBackend
-from trajbus.consumers.rows import check_group
 from trajbus.consumers.batch_consumer import BatchConsumer
 from trajbus.streams.topics import DEFAULT_PREFIX, trainer_group_id
 
@@ -34,26 +33,16 @@ class BatchWorker:
             raise ValueError(f"rank: {rank} is not in [0, {world_size})")
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.backend = VerlBackend(**backend)
         self.consumer = BatchConsumer(channel, bootstrap_servers, prefix=prefix,
-                                      group_id=f"{trainer_group_id(channel, prefix)}.rank{rank}")
+                                      group_id=f"{trainer_group_id(channel, prefix)}.rank{rank}",
+                                      backend=VerlBackend(**backend),
+                                      keep=lambda prompt_uid: rank_of(prompt_uid, world_size) == rank)
 
     def next_batch(self, n_groups: int, timeout: float = 60.0, current_version: int | None = None) -> Any | None:
-        """This rank's next ``n_groups`` groups as a DataProto on the device, or None on timeout."""
-        import time
-
-        deadline = time.monotonic() + timeout
-        steps = []
-        taken = 0
-        while taken < n_groups:
-            group = self.consumer.fetch_group(max(0.0, deadline - time.monotonic()))
-            if group is None:
-                return None
-            if rank_of(group.prompt_uid, self.world_size) == self.rank:
-                steps += check_group(group.steps)
-                taken += 1
-        batch = self.backend.convert(steps, current_version)
-        return self.to_device(batch)
+        """This rank's next ``n_groups`` groups as a DataProto on the device, or None on timeout (the
+        groups that did arrive start the next batch)."""
+        batch = self.consumer.fetch_dataproto(n_groups, timeout, current_version)
+        return None if batch is None else self.to_device(batch)
 
     def to_device(self, batch: Any) -> Any:
         if self.device.type == "cpu":
