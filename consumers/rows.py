@@ -177,8 +177,8 @@ def structured_rows(groups: list[StructuredGroup], row_mode: str) -> list[Row]:
     rows = []
     for group in groups:
         shared = as_tokens(group.shared)
+        check_group([entry.step for entry in group.entries])
         for entries in _trajectories(group):
-            check_group([entry.step for entry in entries])
             prompts = _Prompts(shared, entries)
             if row_mode == "step":
                 rows += [Row(prompts.prompt(e), e.step.response_ids, np.ones(len(e.step.response_ids), np.int8),

@@ -47,9 +47,14 @@ def split(value: bytes, max_message_bytes: int) -> list[memoryview]:
     return [view[start:start + size] for start in range(0, len(value), size)]
 
 
-def manifest(prompt_uid: str, topic: str, partition: int, offsets: list[int], value: bytes) -> ChunkedGroup:
-    """The record naming ``value``'s chunks, written at ``offsets`` of ``topic[partition]``."""
-    return ChunkedGroup(prompt_uid, topic, partition, list(offsets), len(value), zlib.crc32(value))
+def manifest(prompt_uid: str, topic: str, written: list[tuple[int, int]], value: bytes) -> ChunkedGroup:
+    """The record naming ``value``'s chunks, acknowledged in order at (partition, offset) ``written``
+    of ``topic``; they share the group's key, hence one partition."""
+    partitions = {partition for partition, _ in written}
+    if len(partitions) != 1:
+        raise RuntimeError(f"chunks of group {prompt_uid} landed on partitions {sorted(partitions)}")
+    return ChunkedGroup(prompt_uid, topic, partitions.pop(), [offset for _, offset in written], len(value),
+                        zlib.crc32(value))
 
 
 def join(group: ChunkedGroup, chunks: Mapping[int, bytes]) -> bytes:
@@ -129,10 +134,6 @@ def produce_group(producer: Producer, topic: str, chunks_topic: str, group: Read
         producer.produce(chunks_topic, key=key, value=bytes(piece), on_delivery=chunk_delivered(index))
     if producer.flush(timeout) or errors or len(written) != len(pieces):
         raise RuntimeError(f"chunks of group {group.prompt_uid}: {errors or 'not all'} acknowledged")
-    partitions = {partition for partition, _ in written.values()}
-    if len(partitions) != 1:
-        raise RuntimeError(f"chunks of group {group.prompt_uid} landed on partitions {sorted(partitions)}")
-    record = manifest(group.prompt_uid, chunks_topic, partitions.pop(),
-                      [written[i][1] for i in range(len(pieces))], value)
+    record = manifest(group.prompt_uid, chunks_topic, [written[i] for i in range(len(pieces))], value)
     producer.produce(topic, key=key, value=codec.encode(record), headers=codec.headers_for(record) + extra_headers,
                      on_delivery=on_delivery)

@@ -122,10 +122,7 @@ class GroupEmission(AssemblerParts):
         sent = [await self.chunk_outputs[channel].send(key=key, value=bytes(piece))
                 for piece in chunks.split(value, self.settings.topics.max_message_bytes)]
         written = [await each for each in sent]
-        partitions = {metadata.partition for metadata in written}
-        if len(partitions) != 1:
-            raise RuntimeError(f"chunks of group {prompt_uid} landed on partitions {sorted(partitions)}")
-        return chunks.manifest(prompt_uid, topic, partitions.pop(), [m.offset for m in written], value)
+        return chunks.manifest(prompt_uid, topic, [(m.partition, m.offset) for m in written], value)
 
     async def emit(self, partition: int, group: PendingGroup, ready: ReadyGroup, value: bytes,
                    manifest: ChunkedGroup | None = None) -> tuple[int, int]:

@@ -56,7 +56,7 @@ def _check_token_ids(name: str, ids: object, start: int = 0) -> None:
     """``ids[start:]`` are token ids (those before ``start`` were checked already)."""
     if not isinstance(ids, (list, tuple)):
         raise ValueError(f"{name}: must be a list of token ids, got {type(ids).__name__}")
-    new = ids[start:]
+    new = ids[start:] if start else ids
     if not new or (set(map(type, new)) == {int} and min(new) >= 0 and max(new) < _U32):
         return  # the common case at C speed
     for position, token in enumerate(new, start):

@@ -17,7 +17,6 @@ import logging
 import time
 
 from trajbus.infra.topics import end_offsets_of
-from trajbus.streams.assembly import PendingGroup
 from trajbus.streams.parts import AssemblerParts
 from trajbus.streams.positions import SourcePositions
 from trajbus.streams.state_keys import StateKey, emitted_past, read_range
@@ -29,7 +28,7 @@ log = logging.getLogger("trajbus.worker")
 class PartitionRecovery(AssemblerParts):
     """The recovering half of ``streams.app.GroupAssembler``: a mixin, the assembler's parts it uses
     declared in ``AssemblerParts`` and below (and its ``lock``, ``active_partitions``, ``apply_at``,
-    ``advance_watermark``)."""
+    ``advance_watermark``, ``pending_group``)."""
 
     positions: SourcePositions
     reconciled: set[int]
@@ -56,10 +55,11 @@ class PartitionRecovery(AssemblerParts):
                     self.state[marker] = json.dumps(
                         {"offset": source_offset, "at": time.time(), "outcome": "emitted"}).encode()
                     key = StateKey(partition, "g", channel, prompt_uid).encode()
+                    group = self.pending_group(partition, key)  # changed since the last tick, or as stored
                     self.pending.get(partition, {}).pop(key, None)
-                    stored = self.state.pop(key, None)
-                    if stored is not None:
-                        self.bodies.forget((channel, partition), PendingGroup.decode(stored).offsets())
+                    self.state.pop(key, None)
+                    if group is not None:
+                        self.bodies.forget((channel, partition), group.offsets())
                     log.info("reconciled emitted group channel=%s prompt_uid=%s", channel, prompt_uid)
                 self.advance_watermark(partition, channel, groups_partition, offset)
         self.reconciled.add(partition)

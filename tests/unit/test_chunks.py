@@ -24,7 +24,7 @@ def test_a_value_is_cut_into_pieces_that_each_fit_and_join_back_exactly():
     assert not fits(value, LIMIT) and all(fits(bytes(piece), LIMIT) for piece in pieces)
     assert len(pieces) == -(-len(value) // 1000)
     offsets = [10 + 3 * i for i in range(len(pieces))]  # other records may lie between chunks
-    record = manifest("g", "p.chunks.train", 0, offsets, value)
+    record = manifest("g", "p.chunks.train", [(0, offset) for offset in offsets], value)
     joined = join(record, {offset: bytes(piece) for offset, piece in zip(offsets, pieces)})
     assert joined == value
     assert codec.decode(joined) == codec.decode(value)
@@ -40,13 +40,18 @@ def test_a_manifest_round_trips_through_the_codec_with_its_own_content_type():
 def test_a_missing_or_altered_chunk_is_refused_not_decoded():
     value = a_group_value(2500)
     pieces = [bytes(piece) for piece in split(value, LIMIT)]
-    record = manifest("g", "p.chunks.train", 0, list(range(len(pieces))), value)
+    record = manifest("g", "p.chunks.train", [(0, offset) for offset in range(len(pieces))], value)
     with pytest.raises(codec.DecodeError, match=r"offsets \[1\] are missing"):
         join(record, {i: piece for i, piece in enumerate(pieces) if i != 1})
     altered = dict(enumerate(pieces))
     altered[0] = b"X" + altered[0][1:]
     with pytest.raises(codec.DecodeError, match="do not match the manifest"):
         join(record, altered)
+
+
+def test_chunks_on_two_partitions_are_never_named():
+    with pytest.raises(RuntimeError, match=r"landed on partitions \[0, 1\]"):
+        manifest("g", "p.chunks.train", [(0, 5), (1, 6)], b"xy")
 
 
 def test_a_limit_with_no_room_for_a_chunk_is_an_error():

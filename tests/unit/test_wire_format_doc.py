@@ -87,7 +87,7 @@ def test_documented_subscriber_joins_the_chunks_a_chunked_group_names():
     value = codec.encode(ReadyGroup("p", "train", trajectory("t0", 3), 1, ready_at=1.0))
     chunks = [bytes(c) for c in split(value, RECORD_OVERHEAD + 50)]
     offsets = [3 + 2 * i for i in range(len(chunks))]
-    record = codec.encode(manifest("p", "x.chunks.train", 1, offsets, value))
+    record = codec.encode(manifest("p", "x.chunks.train", [(1, offset) for offset in offsets], value))
     decoded, end = ns["chunked_body"](record, 4)
     assert end == len(record)
     assert decoded == dict(kind="chunked_group", prompt_uid="p", topic="x.chunks.train", partition=1,
