@@ -74,6 +74,19 @@ class BrokerError(RuntimeError):
     """The embedded broker could not be installed, started or stopped."""
 
 
+@dataclass(frozen=True)
+class ClusterNode:
+    """One node's place in an embedded cluster (``infra.kafka_cluster``): its id and ports, the quorum
+    it votes in, the cluster id its storage is formatted with, and the cluster-wide broker settings."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    voters: str
+    cluster_id: str
+    properties: dict[str, str]
+
+
 @dataclass
 class BrokerState:
     """What a running embedded broker left on disk for other processes to find."""
@@ -93,7 +106,12 @@ class BrokerState:
         return f"{self.host}:{self.port}"
 
 
-def _free_port() -> int:
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 (it may start with "-")."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
         return sock.getsockname()[1]
@@ -141,17 +159,21 @@ class EmbeddedKafka:
         version: str = KAFKA_VERSION,
         heap: str = "768m",
         secure: bool = False,
+        node: ClusterNode | None = None,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir else default_state_dir()
         self.cache_dir = Path(cache_dir) if cache_dir else trajbus_cache_dir()
         self.version = version
         self.heap = heap
         self.secure = secure
+        self.node = node
+        """Set when this broker is one node of an embedded cluster; None: a single node."""
 
     # -- paths -------------------------------------------------------------
     @property
     def label(self) -> str:
-        return f"Apache Kafka {self.version} (KRaft, single node)"
+        where = f"node {self.node.node_id} of a cluster" if self.node else "single node"
+        return f"Apache Kafka {self.version} (KRaft, {where})"
 
     @property
     def libs_dir(self) -> Path:
@@ -254,14 +276,16 @@ class EmbeddedKafka:
 
     def _write_config(self, port: int, controller_port: int) -> Path:
         props = dict(_BROKER_PROPERTIES)
+        if self.node is not None:
+            props.update({**self.node.properties, "node.id": str(self.node.node_id)})
         props.update({
-            "controller.quorum.voters": f"1@{HOST}:{controller_port}",
+            "controller.quorum.voters": self.node.voters if self.node else f"1@{HOST}:{controller_port}",
             "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
             "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
             "log.dirs": str(self.data_dir),
         })
         if self.secure:  # clients: SASL/PLAIN over TLS only; the node talks to itself on a loopback listener
-            internal = _free_port()
+            internal = free_port()
             credentials = self._client_properties()
             user, password = credentials["sasl.username"], credentials["sasl.password"]
             props.update({
@@ -284,7 +308,10 @@ class EmbeddedKafka:
         return config
 
     def _choose_ports(self) -> tuple[int, int]:
-        """Reuse the ports of the previous run when free, so clients keep their address."""
+        """Reuse the ports of the previous run when free, so clients keep their address (a cluster's
+        node always has its own: the quorum and the bootstrap list name them)."""
+        if self.node is not None:
+            return self.node.port, self.node.controller_port
         previous = self.state_dir / "ports.json"
         try:
             ports = json.loads(previous.read_text())
@@ -292,16 +319,16 @@ class EmbeddedKafka:
                 return ports["port"], ports["controller_port"]
         except (OSError, ValueError, KeyError):
             pass
-        port, controller_port = _free_port(), _free_port()
+        port, controller_port = free_port(), free_port()
         while controller_port == port:
-            controller_port = _free_port()
+            controller_port = free_port()
         previous.write_text(json.dumps({"port": port, "controller_port": controller_port}))
         return port, controller_port
 
     def _format_storage(self, config: Path) -> None:
         if (self.data_dir / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")  # may start with "-"
+        cluster_id = self.node.cluster_id if self.node else new_cluster_id()
         result = subprocess.run(
             self._java_command("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config)),
             capture_output=True, text=True,

@@ -17,10 +17,11 @@ from confluent_kafka import KafkaException
 from trajbus.infra.arguments import positive_int
 from trajbus.infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
 from trajbus.infra.declared import add_flags, resolve, setting_value
-from trajbus.infra.kafka_broker import BrokerError, EmbeddedKafka
+from trajbus.infra.kafka_broker import BrokerError
 from trajbus.infra.kafka_config import (KafkaConfigError, KafkaUnreachable, add_connection_arguments,
                                         apply_connection_arguments, authentication_failure, explain)
 from trajbus.infra.logs import configure_logging
+from trajbus.pipelines.broker_command import BrokerUsageError, add_broker_parser
 from trajbus.infra.topics import consumer_groups_lag, describe_topics, ensure_topics
 from trajbus.streams.settings import ENV_PREFIX as WORKER_ENV
 from trajbus.streams.settings import ChannelSettings, WorkerSettings
@@ -46,45 +47,6 @@ def _topic_settings(args: argparse.Namespace) -> TopicSettings:
                              groups_partitions=args.groups_partitions)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-
-
-# -- broker ---------------------------------------------------------------------
-
-def cmd_broker(args: argparse.Namespace) -> int:
-    if args.engine == "tansu":
-        from trajbus.infra.tansu_broker import TansuBroker
-
-        if args.secure:
-            raise UsageError("--secure: the Tansu broker has no SASL listener; use --engine kafka")
-        broker: EmbeddedKafka = TansuBroker(state_dir=args.state_dir)
-    else:
-        broker = EmbeddedKafka(state_dir=args.state_dir, secure=args.secure)
-    if args.action == "install":
-        print(f"{broker.label}: {broker.install()}")
-        return 0
-    if args.action == "up":
-        if not broker.is_installed():
-            print(f"fetching {broker.label} (once) ...", flush=True)
-        running = broker.status()
-        if running is None:
-            print(f"starting {broker.label} in {broker.state_dir} ...", flush=True)
-        state = broker.start(fresh=args.fresh)
-        print(f"{state.version} running, pid {state.pid}, log {state.log_file}")
-        if state.client_properties:
-            print(f"SASL/PLAIN over TLS only; credentials and CA: "
-                  f"export TRAJBUS_KAFKA_CONFIG={state.client_properties}")
-        print(state.bootstrap_servers)  # the last line is the address, by contract
-        return 0
-    if args.action == "down":
-        print("broker stopped" if broker.stop() else "broker was not running")
-        return 0
-    state = broker.status()
-    if state is None:
-        print(f"broker not running (state dir {broker.state_dir})")
-        return 1
-    print(f"{state.version} running, pid {state.pid}, data {state.data_dir}")
-    print(state.bootstrap_servers)
-    return 0
 
 
 # -- topics ---------------------------------------------------------------------
@@ -279,18 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    broker = sub.add_parser("broker", help="the embedded single-node Apache Kafka broker")
-    broker.add_argument("action", choices=["up", "down", "status", "install"])
-    broker.add_argument("--state-dir", help="where the broker keeps data, log and address "
-                                            "(default: $TRAJBUS_STATE_DIR or ~/.cache/trajbus/broker)")
-    broker.add_argument("--fresh", action="store_true", help="wipe the data directory before starting")
-    broker.add_argument("--secure", action="store_true",
-                        help="serve clients on a SASL/PLAIN over TLS listener only (credentials and CA in the state "
-                             "directory's client.properties), as a managed cluster does")
-    broker.add_argument("--engine", choices=["kafka", "tansu"], default="kafka",
-                        help="kafka: Apache Kafka (needs Java); tansu: the pip-only Tansu binary, memory only, "
-                             "no retention, no transactions, no timestamp look-ups (default: %(default)s)")
-    broker.set_defaults(func=cmd_broker)
+    add_broker_parser(sub)
 
     topics = sub.add_parser("topics", help="list (and with --create, provision) trajbus topics")
     _add_common(topics)
@@ -364,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         apply_connection_arguments(args)
         return func(args)
-    except (UsageError, KafkaConfigError) as exc:
+    except (UsageError, BrokerUsageError, KafkaConfigError) as exc:
         print(f"trajbus {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (BrokerNotFound, BrokerError, KafkaUnreachable) as exc:
