@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import ssl
 import time
 from pathlib import Path
@@ -117,11 +118,37 @@ def connection_properties() -> dict[str, str]:
     return dict(_configured)
 
 
+CLIENT_LOGGER = "trajbus.kafka"
+"""Where librdkafka's lines go when a client names no logger of its own."""
+
+
+class ClientLog:
+    """librdkafka's lines as Python log records of a trajbus logger, so they reach the terminal only
+    through the process's log setup (formatted as ours), never as raw stderr or Python's bare
+    last-resort handler. A retry the client resolves by itself (``Coordinator load in progress:
+    retrying`` while a fresh broker loads its coordinator) is DEBUG: it is not news to a person."""
+
+    SELF_RESOLVING = re.compile(r"retrying|will retry|Coordinator load in progress", re.I)
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        """confluent-kafka's call: ``log(level, "%s [%s] %s", facility, client name, text)``."""
+        if logging.DEBUG < level < logging.ERROR and self.SELF_RESOLVING.search(str(args[-1] if args else msg)):
+            level = logging.DEBUG
+        self.logger.log(level, msg, *args)
+
+
 def client_config(bootstrap_servers: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """A confluent-kafka producer, consumer or admin configuration: the connection, then the client's
-    own ``settings`` (which win: they say what the client is for)."""
-    return {"bootstrap.servers": bootstrap_servers, **connection_properties(), "error_cb": _client_error,
-            **(settings or {})}
+    own ``settings`` (which win: they say what the client is for). Its ``logger`` (default
+    ``trajbus.kafka``) is wrapped in ``ClientLog``: every client's library lines pass here."""
+    config = {"bootstrap.servers": bootstrap_servers, **connection_properties(), "error_cb": _client_error,
+              **(settings or {})}
+    logger = config.get("logger") or logging.getLogger(CLIENT_LOGGER)
+    config["logger"] = logger if isinstance(logger, ClientLog) else ClientLog(logger)
+    return config
 
 
 def _client_error(error: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -35,6 +36,7 @@ def test_every_client_gets_the_connection_and_keeps_its_own_settings():
     configure(SCRAM)
     config = client_config("broker:9093", {"group.id": "g", "client.id": "mine"})
     assert callable(config.pop("error_cb"))  # remembers a refused authentication
+    assert config.pop("logger").logger.name == "trajbus.kafka"  # librdkafka's lines through Python logging
     assert config == {"bootstrap.servers": "broker:9093", **SCRAM, "group.id": "g", "client.id": "mine"}
     credentials = faust_credentials()
     assert (credentials.username, credentials.password, credentials.mechanism.value) == ("trainer", "s3cret",
@@ -86,3 +88,29 @@ def test_a_crash_from_a_lost_connection_is_told_from_any_other():
     except RuntimeError as crash:
         assert _lost_kafka(crash)
     assert not _lost_kafka(ValueError("a bug")) and not _lost_kafka(None)
+
+
+def test_library_lines_go_to_our_logger_and_self_resolving_retries_are_debug(caplog):
+    """A fresh broker's "Coordinator load in progress: retrying" reads like an error to a newcomer: DEBUG."""
+    own = logging.getLogger("trajbus.streams.producer")
+    config = client_config("broker:9093", {"logger": own})
+    assert config["logger"].logger is own and client_config("b:1", config)["logger"] is config["logger"]
+    with caplog.at_level(logging.DEBUG, logger="trajbus"):
+        config["logger"].log(logging.WARNING, "%s [%s] %s", "GETPID", "rdkafka#producer-1",
+                             "[thrd:main]: Failed to acquire idempotence PID from broker b:1/1: "
+                             "Broker: Coordinator load in progress: retrying")
+        config["logger"].log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#producer-1", "b:1/1: Connect failed")
+        config["logger"].log(logging.WARNING, "%s [%s] %s", "CONFWARN", "rdkafka#producer-1", "unknown property")
+    assert [(r.name, r.levelname, r.getMessage().split()[0]) for r in caplog.records] == [
+        ("trajbus.streams.producer", "DEBUG", "GETPID"), ("trajbus.streams.producer", "ERROR", "FAIL"),
+        ("trajbus.streams.producer", "WARNING", "CONFWARN")]
+
+
+def test_a_real_client_takes_the_logger(caplog):
+    from confluent_kafka import Producer
+
+    with caplog.at_level(logging.DEBUG, logger="trajbus.kafka"):
+        producer = Producer(client_config("127.0.0.1:1", {"debug": "generic", "socket.timeout.ms": 100}))
+        producer.poll(0.5)
+        producer.flush(0)
+    assert caplog.records and all(r.name == "trajbus.kafka" for r in caplog.records)
