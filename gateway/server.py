@@ -24,8 +24,9 @@ def serve(settings: GatewaySettings) -> int:
     except ValueError as exc:  # e.g. an unimportable --reward-function
         print(f"trajbus gateway: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    # log_config=None: uvicorn's lines go through our log setup (configure_logging), formatted as ours
     server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=10))
+                                           log_config=None, access_log=False, timeout_graceful_shutdown=10))
     app.state.service.stop_serving = lambda: setattr(server, "should_exit", True)  # graceful, as on SIGTERM
     server.run()
     fatal = app.state.service.fatal

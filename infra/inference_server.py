@@ -378,7 +378,7 @@ def serve(settings: InferenceServerSettings) -> int:
     log.info("serving %s from %s on %s (http://%s:%d)", settings.served_model_name, model_dir, engine.device,
              settings.host, settings.port)
     uvicorn.run(create_app(engine, settings.served_model_name), host=settings.host, port=settings.port,
-                log_level="warning", timeout_graceful_shutdown=10)
+                log_level="warning", log_config=None, timeout_graceful_shutdown=10)
     return 0
 
 

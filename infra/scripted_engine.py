@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = ScriptedEngine(args.tokenizer_path, json.loads(args.replies.read_text()), args.record)
     log.info("scripted engine serving %s on http://%s:%d", args.tokenizer_path, args.host, args.port)
     uvicorn.run(create_app(engine, args.served_model_name), host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=5)
+                log_config=None, timeout_graceful_shutdown=5)
     engine.executor.shutdown()
     return 0
 
