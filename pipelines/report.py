@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trajbus.pipelines.tables import render
+
 
 @dataclass
 class VersionRecord:
@@ -30,16 +32,17 @@ class VersionRecord:
 
 def summary_table(records: list[VersionRecord], rewards_by_rollout_version: dict[int, list[float]],
                   drops: dict[str, float], wall_seconds: float) -> str:
-    lines = [f"{'version':>7} {'groups':>6} {'rows':>5} {'tokens':>7} {'tok/s':>7} {'reward':>7} "
-             f"{'policy loss':>11} {'nll':>7} {'stale':>6} {'wait s':>6}"]
-    for r in records:
-        lines.append(f"{r.version:>7} {r.groups:>6} {r.rows:>5} {r.tokens:>7} {r.tokens_per_s:>7.0f} "
-                     f"{r.reward:>7.3f} {r.loss:>+11.2e} {r.nll:>7.4f} {r.staleness:>6.2f} {r.wait_seconds:>6.1f}")
+    rows: list[list[object]] = [
+        [r.version, r.groups, r.rows, r.tokens, f"{r.tokens_per_s:.0f}", f"{r.reward:.3f}", f"{r.loss:+.2e}",
+         f"{r.nll:.4f}", f"{r.staleness:.2f}", f"{r.wait_seconds:.1f}"] for r in records]
     groups, tokens = sum(r.groups for r in records), sum(r.tokens for r in records)
     busy = sum(r.seconds for r in records)
-    lines.append(f"{'total':>7} {groups:>6} {sum(r.rows for r in records):>5} {tokens:>7} "
-                 f"{tokens / busy if busy else 0:>7.0f}  (whole demo: {wall_seconds:.1f} s; the trainer waited "
-                 f"{sum(r.wait_seconds for r in records):.1f} s for batches)")
+    rows.append(["total", groups, sum(r.rows for r in records), tokens, f"{tokens / busy if busy else 0:.0f}",
+                 "", "", "", "", f"{sum(r.wait_seconds for r in records):.1f}"])
+    lines = [render(["version", "groups", "rows", "tokens", "tok/s", "reward", "policy loss", "nll", "stale",
+                     "wait s"], rows),
+             f"whole demo: {wall_seconds:.1f} s; the trainer waited {sum(r.wait_seconds for r in records):.1f} s "
+             "for batches"]
     lines.append("")
     lines.append("reward by the policy version that generated the rollout: " + ", ".join(
         f"v{v}: {sum(rs) / len(rs):.3f} ({len(rs)} rows)" for v, rs in sorted(rewards_by_rollout_version.items())))
