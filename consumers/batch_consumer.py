@@ -5,6 +5,12 @@ committed behind the trainer's back: ``commit()`` makes the position after the
 last group handed out durable when the trainer chooses (at-least-once), and
 ``state_dict()`` / ``load_state_dict()`` put the exact position in the trainer's
 own checkpoint, so a restart from it neither skips nor repeats a group.
+
+Data-parallel ranks read disjoint data: ``BatchConsumer(rank=r, world_size=W)`` is
+assigned the partitions ``p`` of the groups topic with ``p % W == r`` and fetches
+nothing else. A group is one record, so a whole prompt group lands on one rank; the
+groups topic needs a multiple of ``W`` partitions (``--groups-partitions``), and with
+exactly ``W`` each rank reads its groups FIFO by readiness from one log.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.topics import watermarks
@@ -43,6 +49,8 @@ class BatchConsumer:
         backend: TrainingBackend | None = None,
         outage_limit: float | None = 120.0,
         keep: Callable[[str], bool] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
         **config: Any,
     ) -> None:
         self.channel = validate_channel(channel)
@@ -66,7 +74,17 @@ class BatchConsumer:
         }))
         self._positions: dict[int, int] = {}
         """Per partition, the offset after the last group handed to the trainer."""
-        self._consumer.subscribe([self.topic], on_assign=self._on_assign)
+        self.partitions: list[int] | None = None
+        """A rank's own partitions of the groups topic (None: the consumer group shares them out)."""
+        if world_size is None:
+            self._consumer.subscribe([self.topic], on_assign=self._on_assign)
+        else:
+            try:
+                self.partitions = rank_partitions(self._consumer, self.topic, rank, world_size)
+            except BaseException:
+                self._consumer.close()
+                raise
+            self._assign_own()
         self._dlq: Producer | None = None
         self._chunks = ChunkReader(self.bootstrap_servers)
         self.backend = backend
@@ -79,6 +97,8 @@ class BatchConsumer:
         self._last_contact = time.monotonic()
         self.keep = keep
         """Which groups (by ``prompt_uid``) this consumer hands out; the others are passed over."""
+        self.fetched_bytes = 0
+        """Bytes of groups-topic records received, those passed over included (what the broker served)."""
 
     def fetch_group(self, timeout: float | None = None) -> ReadyGroup | None:
         """The next ready group, or ``None`` if none arrives within ``timeout`` seconds
@@ -101,6 +121,9 @@ class BatchConsumer:
                 self._check_contact()
                 continue
             self._last_contact = time.monotonic()
+            if not message.error():
+                self.fetched_bytes += len(message.value() or b"")
+                metrics.FETCHED_BYTES.labels(self.channel).inc(len(message.value() or b""))
             if message.error():
                 if message.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error on %s: %s", self.topic, message.error().str())
@@ -195,10 +218,18 @@ class BatchConsumer:
             raise ValueError(f"state: saved for topic {state.get('topic')!r}, this consumer reads {self.topic!r}")
         self._positions = {int(p): int(o) for p, o in state["positions"].items()}
         self._held.clear()
+        if self.partitions is not None:
+            self._assign_own()
+            return
         assigned = self._consumer.assignment()
         for tp in assigned:
             if tp.partition in self._positions:  # partitions assigned later start there too (_on_assign)
                 self._consumer.seek(TopicPartition(self.topic, tp.partition, self._positions[tp.partition]))
+
+    def _assign_own(self) -> None:
+        """A rank's partitions, each from its position, else the group's commit, else the log start."""
+        self._consumer.assign([TopicPartition(self.topic, p, self._positions.get(p, OFFSET_STORED))
+                               for p in self.partitions or []])
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Resume where this consumer stands, not where the group last committed: a partition handed
@@ -273,6 +304,27 @@ class BatchConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def rank_partitions(consumer: Consumer, topic: str, rank: int | None, world_size: int,
+                    timeout: float = 60.0) -> list[int]:
+    """The partitions of ``topic`` that ``rank`` of ``world_size`` reads: ``p % world_size == rank``.
+    Waits (up to ``timeout``) for a topic the worker has not created yet."""
+    if type(world_size) is not int or world_size < 1 or type(rank) is not int or not 0 <= rank < world_size:
+        raise ValueError(f"rank: {rank!r} is not a rank of world_size {world_size!r} (0 <= rank < world_size)")
+    deadline = time.monotonic() + timeout
+    while True:
+        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if metadata is not None and metadata.error is None and metadata.partitions:
+            break
+        if time.monotonic() > deadline:
+            raise KafkaUnreachable(f"topic {topic}: no partitions after {timeout:.0f}s (is a worker running?)")
+        time.sleep(0.5)
+    count = len(metadata.partitions)
+    if count % world_size:
+        raise ValueError(f"world_size: {topic} has {count} partitions, and {world_size} ranks need a multiple of "
+                         f"{world_size} to read disjoint shares (--groups-partitions)")
+    return [p for p in range(count) if p % world_size == rank]
 
 
 def drain(channel: str = "val", bootstrap_servers: str | None = None, prefix: str = DEFAULT_PREFIX,

@@ -1,14 +1,18 @@
 """Ray actors that feed one data-parallel rank each: consume, convert, place on the device.
 
-Every rank reads the channel's groups in its own consumer group and keeps the
-groups whose ``prompt_uid`` hashes to it (CRC32 modulo the world size): ranks
-never overlap, never miss a group, and a whole prompt group always lands on one
-rank (what GRPO's per-group advantages need). Batches are copied to the rank's
+Each rank reads only its own partitions of the groups topic (``BatchConsumer(rank=,
+world_size=)``: partition ``p`` belongs to rank ``p % world_size``): ranks never
+overlap, never miss a group, a whole prompt group always lands on one rank (what
+GRPO's per-group advantages need), and the broker serves each group once. Where the
+topic's partitions are no multiple of the world size, a rank falls back to reading
+every group in its own consumer group and keeping those whose ``prompt_uid`` hashes
+to it (CRC32 modulo the world size), with a warning. Batches are copied to the rank's
 device from pinned host memory without blocking; with no GPU the device is the CPU.
 """
 
 from __future__ import annotations
 
+import logging
 import zlib
 from typing import Any
 
@@ -16,9 +20,12 @@ from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.batch_consumer import BatchConsumer
 from trajbus.streams.topics import DEFAULT_PREFIX, trainer_group_id
 
+log = logging.getLogger(__name__)
+
 
 def rank_of(prompt_uid: str, world_size: int) -> int:
-    """The data-parallel rank that trains a prompt group (stable across processes)."""
+    """The data-parallel rank that trains a prompt group when ranks share one partition (stable across
+    processes)."""
     return zlib.crc32(prompt_uid.encode()) % world_size
 
 
@@ -33,10 +40,15 @@ class BatchWorker:
             raise ValueError(f"rank: {rank} is not in [0, {world_size})")
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.consumer = BatchConsumer(channel, bootstrap_servers, prefix=prefix,
-                                      group_id=f"{trainer_group_id(channel, prefix)}.rank{rank}",
-                                      backend=VerlBackend(**backend),
-                                      keep=lambda prompt_uid: rank_of(prompt_uid, world_size) == rank)
+        try:
+            self.consumer = BatchConsumer(channel, bootstrap_servers, prefix=prefix, backend=VerlBackend(**backend),
+                                          rank=rank, world_size=world_size)
+        except ValueError as exc:  # partitions no multiple of the world size
+            log.warning("%s; rank %d reads every group and keeps its own", exc, rank)
+            self.consumer = BatchConsumer(channel, bootstrap_servers, prefix=prefix,
+                                          group_id=f"{trainer_group_id(channel, prefix)}.rank{rank}",
+                                          backend=VerlBackend(**backend),
+                                          keep=lambda prompt_uid: rank_of(prompt_uid, world_size) == rank)
 
     def next_batch(self, n_groups: int, timeout: float = 60.0, current_version: int | None = None) -> Any | None:
         """This rank's next ``n_groups`` groups as a DataProto on the device, or None on timeout (the

@@ -27,18 +27,28 @@ from confluent_kafka.admin import (
 from confluent_kafka.error import KafkaError
 
 from trajbus.infra.kafka_config import client_config
+from trajbus.infra.retry import retrying
 
 log = logging.getLogger(__name__)
 
 
+CLUSTER_DEFAULT = -1
+"""A replication factor that leaves it to the cluster's ``default.replication.factor`` (KIP-464)."""
+
+
+class ReplicationError(ValueError):
+    """The cluster cannot hold the replication asked for: names the topic and the numbers."""
+
+
 @dataclass(frozen=True)
 class TopicSpec:
-    """One topic as it should exist: name, partition count and topic configs."""
+    """One topic as it should exist: name, partition count, topic configs and replicas
+    (``CLUSTER_DEFAULT``: as many as the cluster gives its topics)."""
 
     name: str
     partitions: int
     config: dict[str, str] = field(default_factory=dict)
-    replication_factor: int = 1
+    replication_factor: int = CLUSTER_DEFAULT
 
 
 @dataclass
@@ -73,10 +83,24 @@ def _wait(futures: dict, what: str, ignore: tuple[int, ...] = ()) -> None:
 
 
 def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec], timeout: float = 30.0) -> list[str]:
-    """Make every spec true on the cluster; return the names that were created."""
+    """Make every spec true on the cluster; return the names that were created. A replication the
+    cluster cannot hold is refused before anything is written (``ReplicationError``); an existing
+    topic with fewer replicas than asked is named in a warning, never changed. What a leader
+    election or a node's death makes fail is tried again for up to ``timeout`` seconds."""
     admin = admin_client(bootstrap_servers)
-    existing = admin.list_topics(timeout=timeout).topics
+    created: list[str] = []
+    for attempt in retrying(timeout, log, "provisioning topics", permanent=(ReplicationError,)):
+        with attempt:
+            created += _ensure(admin, specs, timeout)
+    return created
+
+
+def _ensure(admin: AdminClient, specs: list[TopicSpec], timeout: float) -> list[str]:
+    metadata = admin.list_topics(timeout=timeout)
+    existing = metadata.topics
     missing = [spec for spec in specs if spec.name not in existing]
+    _check_replication(admin, missing, len(metadata.brokers), timeout)
+    _warn_under_replicated(admin, [s for s in specs if s.name in existing], existing, len(metadata.brokers), timeout)
     if missing:
         futures = admin.create_topics(
             [NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication_factor,
@@ -105,8 +129,57 @@ def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec], timeout: float
     return [s.name for s in missing]
 
 
+def cluster_replication(admin: AdminClient, timeout: float) -> int:
+    """The cluster's ``default.replication.factor`` (what ``CLUSTER_DEFAULT`` gives), as a broker reports it."""
+    broker = next(iter(admin.list_topics(timeout=timeout).brokers))
+    futures = admin.describe_configs([ConfigResource(ResourceType.BROKER, str(broker))], request_timeout=timeout)
+    entries = next(iter(futures.values())).result()
+    return int(entries["default.replication.factor"].value)
+
+
+def _check_replication(admin: AdminClient, specs: list[TopicSpec], brokers: int, timeout: float) -> None:
+    """Refuse, before creating any, topics the cluster cannot hold: more replicas than brokers, or a
+    ``min.insync.replicas`` above the replicas (every acknowledged write would then fail)."""
+    default: int | None = None
+    for spec in specs:
+        replicas = spec.replication_factor
+        if replicas == CLUSTER_DEFAULT and "min.insync.replicas" in spec.config:
+            default = cluster_replication(admin, timeout) if default is None else default
+            replicas = default
+        if replicas > brokers:
+            raise ReplicationError(f"topic {spec.name}: replication factor {replicas} needs {replicas} brokers, "
+                                   f"the cluster has {brokers} available")
+        in_sync = int(spec.config.get("min.insync.replicas", 0))
+        if replicas != CLUSTER_DEFAULT and in_sync > replicas:
+            raise ReplicationError(f"topic {spec.name}: min.insync.replicas {in_sync} is above its replication "
+                                   f"factor {replicas}: no write could be acknowledged")
+
+
+_warned: set[str] = set()
+
+
+def _warn_under_replicated(admin: AdminClient, specs: list[TopicSpec], existing: dict, brokers: int,
+                           timeout: float) -> None:
+    """One warning line per topic (per process) that exists with fewer replicas than asked."""
+    default: int | None = None
+    for spec in specs:
+        partitions = existing[spec.name].partitions
+        if spec.name in _warned or not partitions:
+            continue
+        actual = min(len(p.replicas) for p in partitions.values())
+        if actual >= max(brokers, spec.replication_factor):
+            continue  # as many as asked (the default cannot exceed the brokers)
+        if spec.replication_factor == CLUSTER_DEFAULT and default is None:
+            default = cluster_replication(admin, timeout)
+        wanted = default if spec.replication_factor == CLUSTER_DEFAULT else spec.replication_factor
+        if actual < wanted:
+            _warned.add(spec.name)
+            log.warning("topic %s has %d replicas, fewer than the %d asked for; it is left as it is "
+                        "(raise them with kafka-reassign-partitions)", spec.name, actual, wanted)
+
+
 _LEADERLESS = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-               KafkaError.UNKNOWN_TOPIC_OR_PART)
+               KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._TIMED_OUT)
 
 
 def _wait_for_leaders(admin: AdminClient, names: list[str], timeout: float) -> None:

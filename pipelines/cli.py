@@ -21,8 +21,9 @@ from trajbus.infra.kafka_broker import BrokerError
 from trajbus.infra.kafka_config import (KafkaConfigError, KafkaUnreachable, add_connection_arguments,
                                         apply_connection_arguments, authentication_failure, explain)
 from trajbus.infra.logs import configure_logging
+from trajbus.pipelines.tables import print_table
 from trajbus.pipelines.broker_command import BrokerUsageError, add_broker_parser
-from trajbus.infra.topics import consumer_groups_lag, describe_topics, ensure_topics
+from trajbus.infra.topics import ReplicationError, consumer_groups_lag, describe_topics, ensure_topics
 from trajbus.streams.settings import ENV_PREFIX as WORKER_ENV
 from trajbus.streams.settings import ChannelSettings, WorkerSettings
 from trajbus.streams.topics import DEFAULT_CHANNELS, DEFAULT_PREFIX, TopicSettings, channel_setting, validate_channel
@@ -44,7 +45,8 @@ def _channels(text: str) -> tuple[str, ...]:
 def _topic_settings(args: argparse.Namespace) -> TopicSettings:
     try:
         return TopicSettings(prefix=args.prefix, steps_partitions=args.steps_partitions,
-                             groups_partitions=args.groups_partitions)
+                             groups_partitions=args.groups_partitions, replication_factor=args.replication_factor,
+                             min_insync_replicas=args.min_insync_replicas)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -61,17 +63,14 @@ def cmd_topics(args: argparse.Namespace) -> int:
     if not infos:
         print(f"no topics under prefix {settings.prefix!r} (create them with --create)")
         return 0
-    width = max(len(info.name) for info in infos)
-    print(f"{'topic':<{width}}  partitions  {'records':>9}  {'end offsets':<20}  configs")
-    for info in infos:
-        ends = ",".join(map(str, info.end_offsets))
-        configs = " ".join(f"{k}={v}" for k, v in sorted(info.config.items()))
-        print(f"{info.name:<{width}}  {info.partitions:>10}  {info.records:>9}  {ends:<20}  {configs}")
+    print_table(["topic", "partitions", "records", "end offsets", "configs"],
+                [[info.name, info.partitions, info.records, ",".join(map(str, info.end_offsets)),
+                  " ".join(f"{k}={v}" for k, v in sorted(info.config.items()))] for info in infos])
     lags = consumer_groups_lag(servers, f"{settings.prefix}.")
     if lags:
-        print(f"\n{'consumer group':<36} {'topic':<{width}} {'partition':>9} {'committed':>10} {'end':>8} {'lag':>6}")
-        for g in lags:
-            print(f"{g.group_id:<36} {g.topic:<{width}} {g.partition:>9} {g.committed:>10} {g.high:>8} {g.lag:>6}")
+        print()
+        print_table(["consumer group", "topic", "partition", "committed", "end", "lag"],
+                    [[g.group_id, g.topic, g.partition, g.committed, g.high, g.lag] for g in lags])
     return 0
 
 
@@ -108,7 +107,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from trajbus.streams.stats import read_snapshots, summarize
 
     servers = resolve_bootstrap_servers(args.bootstrap_servers)
+    started, deadline = time.time(), time.monotonic() + args.wait
     snapshots = read_snapshots(servers, args.prefix)
+    while args.wait and time.monotonic() < deadline and not any(s["updated_at"] >= started for s in snapshots):
+        time.sleep(0.5)  # a worker publishes every --stats-interval seconds: counts as of now, not as of then
+        snapshots = read_snapshots(servers, args.prefix)
     summary = summarize(snapshots)
     if args.json:
         import json
@@ -119,10 +122,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(f"no worker statistics under prefix {args.prefix!r} yet (is `trajbus worker` running?)")
         return 0
     live = sum(1 for s in snapshots if time.time() - s["updated_at"] < 30)
-    print(f"workers: {live} live, {len(snapshots)} seen")
-    print(f"{'channel':<12}" + "".join(f"{title:>11}" for _, title in STATS_COLUMNS))
-    for channel, row in sorted(summary.items()):
-        print(f"{channel:<12}" + "".join(f"{row.get(key, 0):>11.0f}" for key, _ in STATS_COLUMNS))
+    print_table(["channel", *(title for _, title in STATS_COLUMNS)],
+                [[channel, *(round(row.get(key, 0)) for key, _ in STATS_COLUMNS)]
+                 for channel, row in sorted(summary.items())], title=f"workers: {live} live, {len(snapshots)} seen")
     for channel, row in sorted(summary.items()):
         drops = {k[len("groups_dropped["):-1]: v for k, v in row.items() if k.startswith("groups_dropped[")}
         dlq = {k[len("dlq_records["):-1]: v for k, v in row.items() if k.startswith("dlq_records[")}
@@ -232,6 +234,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)")
     parser.add_argument("--steps-partitions", type=positive_int, default=TopicSettings.steps_partitions)
     parser.add_argument("--groups-partitions", type=positive_int, default=TopicSettings.groups_partitions)
+    parser.add_argument("--replication-factor", type=positive_int, default=None,
+                        help="replicas of every topic trajbus creates (default: the cluster's default.replication.factor)")
+    parser.add_argument("--min-insync-replicas", type=positive_int, default=None,
+                        help="min.insync.replicas of every topic trajbus creates (default: the cluster's)")
     parser.add_argument("--channels", type=_channels, default=DEFAULT_CHANNELS,
                         help="comma-separated channel names (default: train,val)")
 
@@ -261,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_connection_arguments(stats)
     stats.add_argument("--prefix", default=DEFAULT_PREFIX)
     stats.add_argument("--json", action="store_true", help="machine-readable output")
+    stats.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                       help="wait up to SECONDS for a worker's snapshot taken after this command started")
     stats.set_defaults(func=cmd_stats)
 
     gateway = sub.add_parser("gateway", help="the HTTP gateway of agents (OpenAI-compatible, token-exact)")
@@ -315,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         apply_connection_arguments(args)
         return func(args)
-    except (UsageError, BrokerUsageError, KafkaConfigError) as exc:
+    except (UsageError, BrokerUsageError, KafkaConfigError, ReplicationError) as exc:
         print(f"trajbus {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (BrokerNotFound, BrokerError, KafkaUnreachable) as exc:

@@ -40,6 +40,7 @@ from confluent_kafka import Producer
 from prometheus_client import start_http_server
 
 from trajbus.infra.kafka_config import client_config, faust_credentials
+from trajbus.infra.retry import retrying_async
 from trajbus.streams import codec
 from trajbus.streams.assembly import Outcome, PendingGroup
 from trajbus.streams.bodies import StepBodies
@@ -137,7 +138,17 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
 
     # -- events --------------------------------------------------------------------
     async def handle(self, event: faust.EventT) -> None:
+        """Apply one event. An error never skips it: the partition's unflushed changes are dropped
+        (``apply_at``) and the event is handled again, with backoff, through a leader election or a
+        restart of a broker, for up to ``broker_outage_limit`` seconds; past that the error stops the
+        agent, and the event is read again from the saved position."""
         message = event.message
+        where = f"event {message.topic}[{message.partition}]@{message.offset}"
+        async for attempt in retrying_async(self.settings.broker_outage_limit, log, where):
+            with attempt:
+                await self.handle_once(message)
+
+    async def handle_once(self, message: Any) -> None:
         partition = message.partition
         channel = channel_of(message.topic, self.prefix)
         async with self.lock(partition):
@@ -148,16 +159,21 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
                 return
             if message.offset > expected:
                 # Faust resumed past what the table applied (it can drop records it
-                # fetched during a rebalance): read the skipped range directly.
+                # fetched during a rebalance), or an earlier try failed: read the range directly.
                 await self.apply_range(channel, partition, expected, message.offset, "skipped by the consumer")
             await self.apply_at(channel, partition, message)
 
     async def apply_at(self, channel: str, partition: int, message: Any) -> None:
+        """Apply one event; the position moves past it only once it is applied. An event that fails
+        half-way leaves no trace: the partition's unflushed changes are dropped (``forget_partition``)
+        and it is applied again from the saved position."""
         try:
             await self.process(channel, partition, message)
-        finally:
-            self.positions.advance(channel, partition, message.offset)
-            self.metrics.source_position.labels(channel, str(partition)).set(message.offset + 1)
+        except BaseException:
+            self.forget_partition(partition)
+            raise
+        self.positions.advance(channel, partition, message.offset)
+        self.metrics.source_position.labels(channel, str(partition)).set(message.offset + 1)
 
     async def process(self, channel: str, partition: int, message: Any) -> None:
         """Decode, check and apply one event; what cannot be applied goes to the DLQ."""
@@ -335,7 +351,10 @@ def build_app(bootstrap_servers: str, settings: WorkerSettings, datadir: Path) -
         store="memory://",  # tables are rebuilt from their changelog topics on start
         datadir=str(datadir),  # Faust's local files; nothing in them outlives the process
         topic_partitions=settings.topics.steps_partitions,
-        topic_replication_factor=settings.topics.replication_factor,
+        # Faust declares no topic: its declaration asks the first broker of its metadata for the
+        # controller, which may be a dead node (the worker then exited). The worker provisions
+        # every topic, its table's changelog too, with trajbus's admin client (``worker_topics``).
+        topic_allow_declare=False,
         topic_disable_leader=True,
         web_enabled=False,
         consumer_auto_offset_reset="earliest",

@@ -113,6 +113,12 @@ class SourcePositions:
                 if self.state.get(key) != value:
                     self.state[key] = value
 
+    def forget_partition(self, partition: int) -> None:
+        """One partition's positions are re-read from the table (an event of it failed half-way)."""
+        for key in [key for key in self.expected if key[1] == partition]:
+            del self.expected[key]
+            self.stalls.pop(key, None)
+
     def forget(self) -> None:
         """After a rebalance, positions are re-read from the recovered table."""
         self.expected.clear()

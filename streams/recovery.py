@@ -41,6 +41,14 @@ class PartitionRecovery(AssemblerParts):
         self.pending.clear()
         self.positions.forget()
 
+    def forget_partition(self, partition: int) -> None:
+        """An event of this partition failed half-way: its changes since the last tick are dropped with
+        the position that covers them (its events are applied again from the saved position), and
+        reconciliation runs again (a group being emitted may have been acknowledged)."""
+        self.reconciled.discard(partition)
+        self.pending.pop(partition, None)
+        self.positions.forget_partition(partition)
+
     async def ensure_reconciled(self, partition: int) -> None:
         """Once per assignment: record what earlier owners emitted from this partition but did not record."""
         if partition in self.reconciled:

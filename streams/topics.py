@@ -14,7 +14,7 @@ import argparse
 import re
 from dataclasses import dataclass
 
-from trajbus.infra.topics import TopicSpec
+from trajbus.infra.topics import CLUSTER_DEFAULT, TopicSpec
 
 DEFAULT_PREFIX = "trajbus"
 DEFAULT_CHANNELS = ("train", "val")
@@ -102,12 +102,17 @@ class TopicSettings:
     per second than any trainer consumes. The groups topic's retention bounds
     (time and size) are enforced by the broker: stale data ages out whatever the
     producers do. Segments roll every minute so that those bounds bite promptly.
+
+    ``replication_factor`` and ``min_insync_replicas`` are the cluster's defaults unless
+    set (None): a managed cluster's topics get its replication, the embedded single
+    broker's get one replica.
     """
 
     prefix: str = DEFAULT_PREFIX
     steps_partitions: int = 8
     groups_partitions: int = 1
-    replication_factor: int = 1
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
     max_message_bytes: int = 16 * _MiB
     steps_retention_ms: int = 7 * 24 * _HOUR_MS
     groups_retention_ms: int = 6 * _HOUR_MS
@@ -118,9 +123,25 @@ class TopicSettings:
 
     def __post_init__(self) -> None:
         validate_prefix(self.prefix)
-        for name in ("steps_partitions", "groups_partitions", "replication_factor"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be at least 1")
+        for name in ("steps_partitions", "groups_partitions", "replication_factor", "min_insync_replicas"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if None not in (self.replication_factor, self.min_insync_replicas) and \
+                self.min_insync_replicas > self.replication_factor:
+            raise ValueError(f"min_insync_replicas: {self.min_insync_replicas} is above the replication factor "
+                             f"{self.replication_factor}: no write could be acknowledged")
+
+    def spec(self, name: str, partitions: int, config: dict[str, str]) -> TopicSpec:
+        """A topic with this settings' replication (the cluster's defaults where unset)."""
+        if self.min_insync_replicas is not None:
+            config = {**config, "min.insync.replicas": str(self.min_insync_replicas)}
+        return TopicSpec(name, partitions, config, self.replication_factor or CLUSTER_DEFAULT)
+
+    def table_spec(self, name: str, partitions: int) -> TopicSpec:
+        """The changelog of a worker's table: compacted, replicated like every other topic."""
+        return self.spec(name, partitions, {"cleanup.policy": "compact",
+                                            "max.message.bytes": str(self.max_message_bytes)})
 
     def channel_specs(self, channel: str) -> list[TopicSpec]:
         """The topics every channel has. Chunks are kept as long as the groups that name them."""
@@ -134,22 +155,22 @@ class TopicSettings:
             "segment.bytes": str(self.groups_segment_bytes),
         }
         return [
-            TopicSpec(steps_topic(channel, self.prefix), self.steps_partitions, {
+            self.spec(steps_topic(channel, self.prefix), self.steps_partitions, {
                 **common, "retention.ms": str(self.steps_retention_ms), "cleanup.policy": "delete",
-            }, self.replication_factor),
-            TopicSpec(groups_topic(channel, self.prefix), self.groups_partitions, queue, self.replication_factor),
-            TopicSpec(chunks_topic(channel, self.prefix), self.groups_partitions, queue, self.replication_factor),
+            }),
+            self.spec(groups_topic(channel, self.prefix), self.groups_partitions, queue),
+            self.spec(chunks_topic(channel, self.prefix), self.groups_partitions, queue),
         ]
 
     def shared_specs(self) -> list[TopicSpec]:
         """The topics shared by all channels."""
         return [
-            TopicSpec(policy_topic(self.prefix), 1, {"cleanup.policy": "compact"}, self.replication_factor),
-            TopicSpec(dlq_topic(self.prefix), 1, {
+            self.spec(policy_topic(self.prefix), 1, {"cleanup.policy": "compact"}),
+            self.spec(dlq_topic(self.prefix), 1, {
                 "max.message.bytes": str(self.max_message_bytes),
                 "retention.ms": str(self.dlq_retention_ms),
-            }, self.replication_factor),
-            TopicSpec(stats_topic(self.prefix), 1, {"cleanup.policy": "compact"}, self.replication_factor),
+            }),
+            self.spec(stats_topic(self.prefix), 1, {"cleanup.policy": "compact"}),
         ]
 
     def specs(self, channels: tuple[str, ...] | list[str] = DEFAULT_CHANNELS) -> list[TopicSpec]:

@@ -25,8 +25,8 @@ from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.kafka_config import KafkaUnreachable, connection_properties, redacted
 from trajbus.infra.logs import FORMAT
 from trajbus.infra.outage import OutageWatch
-from trajbus.infra.topics import ensure_topics
-from trajbus.streams.app import build_app
+from trajbus.infra.topics import TopicSpec, ensure_topics
+from trajbus.streams.app import GroupAssembler, build_app
 from trajbus.streams.settings import WorkerSettings
 
 log = logging.getLogger("trajbus.worker")
@@ -49,12 +49,13 @@ def _logging_config(faust_level: str) -> dict:
     }
 
 
-def _provision(servers: str, settings: WorkerSettings, outage_limit: float) -> None:
-    """Create the topics, waiting for Kafka while the outage (begun before a restart, or now) is in bounds."""
+def _provision(servers: str, specs: list[TopicSpec], outage_limit: float) -> None:
+    """Create the topics, waiting for Kafka while the outage (begun before a restart, or now) is in bounds.
+    A replication the cluster cannot hold is a configuration error: it stops the worker at once."""
     since = float(os.environ.pop(OUTAGE_SINCE, "0") or 0) or None
     while True:
         try:
-            ensure_topics(servers, settings.topics.specs(settings.channels), timeout=10.0)
+            ensure_topics(servers, specs, timeout=10.0)
             if since is not None:
                 log.info("kafka reachable again after %.0fs outage; worker starting", time.time() - since)
             return
@@ -63,7 +64,17 @@ def _provision(servers: str, settings: WorkerSettings, outage_limit: float) -> N
             if time.time() - since > outage_limit:
                 raise KafkaUnreachable(f"Kafka at {servers} unreachable for {time.time() - since:.0f}s "
                                        f"(--broker-outage-limit {outage_limit:g}): {exc}") from None
-            log.warning("waiting for kafka at %s (outage %.0fs of %gs)", servers, time.time() - since, outage_limit)
+            log.warning("waiting for kafka at %s (outage %.0fs of %gs): %s", servers, time.time() - since,
+                        outage_limit, exc)
+            time.sleep(1.0)
+
+
+def worker_topics(assembler: GroupAssembler) -> list[TopicSpec]:
+    """Every topic the worker reads or writes: the channels' and shared topics, and its table's changelog."""
+    settings = assembler.settings
+    changelog = assembler.state.changelog_topic
+    return settings.topics.specs(settings.channels) + [
+        settings.topics.table_spec(changelog.get_topic_name(), settings.topics.steps_partitions)]
 
 
 _gave_up: list[str] = []
@@ -97,9 +108,9 @@ def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None) -
     outage_limit = settings.broker_outage_limit
     servers = resolve_bootstrap_servers(bootstrap_servers)
     log.info("worker connecting bootstrap=%s connection=%s", servers, redacted(connection_properties()))
-    _provision(servers, settings, outage_limit)
     with tempfile.TemporaryDirectory(prefix=f"trajbus-{settings.app_id}-") as datadir:
         app, assembler = build_app(servers, settings, Path(datadir))
+        _provision(servers, worker_topics(assembler), outage_limit)
         # Faust applies its loglevel to the handler, so the handler takes INFO and the
         # logger configuration decides what each library may say.
         worker = faust.Worker(app, loglevel="INFO", quiet=True, redirect_stdouts=False,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
+import threading
 import time
 from typing import Callable, TypeVar
 
@@ -12,8 +14,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from trajbus.consumers import BatchConsumer
+from trajbus.pipelines.synthetic import group_steps
 from trajbus.streams import codec
 from trajbus.streams.prefix import PrefixResolver, StepDelta
+from trajbus.streams.producer import DeliveryError, StepProducer
 from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
 
 T = TypeVar("T")
@@ -128,9 +132,23 @@ def assert_exactly_the_groups_sent(groups: list[ReadyGroup], sent: dict[str, lis
 def through_worker(bootstrap_servers: str, prefix: str, start_worker: Callable, steps: list[Step],
                    n_rollouts: int, channel: str = "train") -> None:
     """Provision the channel, start a worker, and submit ``steps`` (acknowledged)."""
-    from trajbus.streams.producer import StepProducer
-
     with StepProducer(bootstrap_servers, prefix=prefix) as producer:
         producer.provision(channel)
         start_worker(n_rollouts=n_rollouts)
         producer.submit_steps(steps, channel=channel)
+
+
+def submit_until_stopped(producer: StepProducer, acked: dict[str, int], stop: threading.Event,
+                         name: str = "load") -> None:
+    """Load: one two-rollout group after another; a group counts once the broker acknowledged all of it."""
+    rng = random.Random(11)
+    number = 0
+    while not stop.is_set():
+        uid = f"{name}-{number:04d}"
+        steps = [s for trajectory in group_steps(uid, 2, 2, rng) for s in trajectory]
+        try:
+            producer.submit_steps(steps, channel="train")
+            acked[uid] = len(steps)
+        except DeliveryError:  # the broker is down: its fate is unknown, it may still land
+            pass
+        number += 1

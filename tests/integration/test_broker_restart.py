@@ -9,7 +9,6 @@ processes and objects before and after.
 from __future__ import annotations
 
 import os
-import random
 import signal
 import threading
 import time
@@ -19,26 +18,10 @@ import httpx
 
 from trajbus.consumers import BatchConsumer
 from trajbus.pipelines.processes import ServiceProcess, free_port, gateway_process, wait_http, worker_process
-from trajbus.pipelines.synthetic import group_steps
-from trajbus.streams.producer import DeliveryError, StepProducer
-from tests.helpers import wait_for
+from trajbus.streams.producer import StepProducer
+from tests.helpers import submit_until_stopped, wait_for
 
 OUTAGE_SECONDS = 20
-
-
-def submit_until_stopped(producer: StepProducer, acked: dict[str, int], stop: threading.Event) -> None:
-    """Load: one two-rollout group after another; a group counts once the broker acknowledged all of it."""
-    rng = random.Random(11)
-    number = 0
-    while not stop.is_set():
-        uid = f"load-{number:04d}"
-        steps = [s for trajectory in group_steps(uid, 2, 2, rng) for s in trajectory]
-        try:
-            producer.submit_steps(steps, channel="train")
-            acked[uid] = len(steps)
-        except DeliveryError:  # the broker is down: its fate is unknown, it may still land
-            pass
-        number += 1
 
 
 def worker_and_gateway(servers: str, prefix: str, engine: str, tiny_model_dir: Path, port: int, logs: Path,
