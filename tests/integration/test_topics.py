@@ -42,7 +42,7 @@ def test_topics_cli_lists_partitions_offsets_and_configs(bootstrap_servers: str,
     result = trajbus("topics", "--bootstrap-servers", bootstrap_servers, "--prefix", prefix, "--create",
                      "--channels", "train")
     assert result.returncode == 0, result.stderr
-    lines = {line.split()[0]: line for line in result.stdout.splitlines()[2:]}
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()[3:]}  # after the header and its rule
     assert set(lines) == {f"{prefix}.dlq", f"{prefix}.policy", f"{prefix}.stats", f"{prefix}.steps.train",
                           f"{prefix}.groups.train", f"{prefix}.chunks.train"}
     assert lines[f"{prefix}.steps.train"].split()[1] == "8"
