@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
+
+from pytest_codeblocks import extract_from_file
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "wire-format.md"
 
@@ -35,7 +36,7 @@ def test_the_documented_plain_kafka_subscriber_decodes_steps_and_groups(bootstra
     from tests.helpers import read_to_end, through_worker, wait_for
     from tests.unit.test_prefix import trajectory
 
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    blocks = [block.code for block in extract_from_file(DOC) if block.syntax == "python"]  # the doc's own code
     helpers = blocks[0].split("value = ...")[0]
     script = tmp_path / "subscriber.py"
     script.write_text(BLOCK_TRAJBUS + helpers + blocks[1])

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 import zlib
 from pathlib import Path
 
 import pytest
+from pytest_codeblocks import extract_from_file
 
 from trajbus.streams import codec
 from trajbus.streams.chunks import RECORD_OVERHEAD, manifest, split
@@ -17,8 +17,13 @@ from tests.unit.test_prefix import trajectory
 DOC = Path(__file__).resolve().parents[2] / "docs" / "wire-format.md"
 
 
+def doc_blocks() -> list[str]:
+    """The doc's Python blocks as written (read by pytest-codeblocks, as the README's are)."""
+    return [block.code for block in extract_from_file(DOC) if block.syntax == "python"]
+
+
 def documented_decoder() -> dict:
-    block = re.search(r"```python\n(.*?)```", DOC.read_text(), re.S).group(1)
+    block = doc_blocks()[0]
     definitions = block.split("value = ...")[0]
     namespace: dict = {}
     exec(definitions, namespace)  # the doc's own code, with no trajbus import
@@ -83,7 +88,7 @@ def test_documented_decoder_reads_the_steps_inside_a_ready_group():
 
 def test_documented_subscriber_joins_the_chunks_a_chunked_group_names():
     ns = documented_decoder()
-    exec(re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)[1], ns)  # the worked example's functions
+    exec(doc_blocks()[1], ns)  # the worked example's functions
     value = codec.encode(ReadyGroup("p", "train", trajectory("t0", 3), 1, ready_at=1.0))
     chunks = [bytes(c) for c in split(value, RECORD_OVERHEAD + 50)]
     offsets = [3 + 2 * i for i in range(len(chunks))]
