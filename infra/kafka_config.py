@@ -4,8 +4,8 @@ A production cluster needs more than a bootstrap address: SASL (PLAIN, SCRAM,
 OAUTHBEARER), TLS (CA, client certificate) and other client properties. They are
 given once, as Kafka users know them, in librdkafka's property names:
 
-- a properties file, ``TRAJBUS_KAFKA_CONFIG=client.properties`` (``key=value``
-  lines, ``#`` comments), or ``--kafka-config FILE``;
+- a properties file, ``TRAJBUS_KAFKA_CONFIG=client.properties`` (Java properties:
+  ``key=value`` lines, ``#`` comments, ``\\`` continuations), or ``--kafka-config FILE``;
 - environment variables ``TRAJBUS_KAFKA_<PROPERTY>``, the name upper-cased with
   ``_`` for ``.`` (``TRAJBUS_KAFKA_SASL_PASSWORD`` is ``sasl.password``), which
   override the file; ``--kafka-property KEY=VALUE`` overrides both (the CLI puts
@@ -26,8 +26,12 @@ import os
 import re
 import ssl
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import javaproperties
 
 CONFIG_FILE_VAR = "TRAJBUS_KAFKA_CONFIG"
 ENV_PREFIX = "TRAJBUS_KAFKA_"
@@ -52,22 +56,15 @@ class KafkaConfigError(ValueError):
 
 
 def read_properties_file(path: str | Path) -> dict[str, str]:
-    """``key=value`` (or ``key: value``) lines; ``#`` and ``!`` start comments, as in Java properties."""
+    """A Java properties file, read as Java reads it (``javaproperties``): ``key=value``, ``key: value``
+    or ``key value``; ``#`` and ``!`` comments; a value continued on the next line after ``\\``;
+    ``\\uXXXX`` escapes. A hand-written reader split continued values into bogus keys."""
     path = Path(path)
     try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise KafkaConfigError(f"kafka config: cannot read {path} ({exc.strerror})") from None
-    properties = {}
-    for number, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line or line[0] in "#!":
-            continue
-        key, sep, value = line.replace(":", "=", 1).partition("=") if "=" not in line else line.partition("=")
-        if not sep or not key.strip():
-            raise KafkaConfigError(f"kafka config: {path} line {number} is not key=value")
-        properties[key.strip()] = value.strip()
-    return properties
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KafkaConfigError(f"kafka config: cannot read {path} ({getattr(exc, 'strerror', None) or exc})") from None
+    return {key.strip(): value.strip() for key, value in javaproperties.loads(text).items()}
 
 
 def from_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -118,6 +115,30 @@ def connection_properties() -> dict[str, str]:
     return dict(_configured)
 
 
+@dataclass(frozen=True)
+class KafkaConnection:
+    """One cluster as every client of this process reaches it: the bootstrap list and the security and
+    client properties (file, ``TRAJBUS_KAFKA_*``, flags). ``infra.clients`` builds each role's client
+    from it; its repr hides secrets, so it may be logged."""
+
+    bootstrap_servers: str
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, bootstrap_servers: "str | KafkaConnection") -> "KafkaConnection":
+        """This process's connection to ``bootstrap_servers`` (a connection is taken as it is)."""
+        if isinstance(bootstrap_servers, KafkaConnection):
+            return bootstrap_servers
+        return cls(bootstrap_servers, MappingProxyType(connection_properties()))
+
+    def librdkafka(self) -> dict[str, Any]:
+        """The connection as librdkafka properties."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.properties}
+
+    def __repr__(self) -> str:
+        return f"KafkaConnection({self.bootstrap_servers!r}, {redacted(dict(self.properties))!r})"
+
+
 CLIENT_LOGGER = "trajbus.kafka"
 """Where librdkafka's lines go when a client names no logger of its own."""
 
@@ -140,12 +161,12 @@ class ClientLog:
         self.logger.log(level, msg, *args)
 
 
-def client_config(bootstrap_servers: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+def client_config(bootstrap_servers: "str | KafkaConnection", settings: Mapping[str, Any] | None = None
+                  ) -> dict[str, Any]:
     """A confluent-kafka producer, consumer or admin configuration: the connection, then the client's
     own ``settings`` (which win: they say what the client is for). Its ``logger`` (default
     ``trajbus.kafka``) is wrapped in ``ClientLog``: every client's library lines pass here."""
-    config = {"bootstrap.servers": bootstrap_servers, **connection_properties(), "error_cb": _client_error,
-              **(settings or {})}
+    config = {**KafkaConnection.of(bootstrap_servers).librdkafka(), "error_cb": _client_error, **(settings or {})}
     logger = config.get("logger") or logging.getLogger(CLIENT_LOGGER)
     config["logger"] = logger if isinstance(logger, ClientLog) else ClientLog(logger)
     return config

@@ -90,6 +90,20 @@ def test_a_crash_from_a_lost_connection_is_told_from_any_other():
     assert not _lost_kafka(ValueError("a bug")) and not _lost_kafka(None)
 
 
+
+def test_a_value_continued_with_a_backslash_is_one_value(tmp_path):
+    """As Java reads it: a long JAAS line split over lines is one property, not bogus keys."""
+    path = tmp_path / "client.properties"
+    path.write_text("sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required \\\n"
+                    "    username=\"trainer\" \\\n"
+                    "    password=\"s3cret\";\n"
+                    "client.id trainer-7\n")
+    assert read_properties_file(path) == {
+        "sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required '
+                            'username="trainer" password="s3cret";',
+        "client.id": "trainer-7"}
+
+
 def test_library_lines_go_to_our_logger_and_self_resolving_retries_are_debug(caplog):
     """A fresh broker's "Coordinator load in progress: retrying" reads like an error to a newcomer: DEBUG."""
     own = logging.getLogger("trajbus.streams.producer")
