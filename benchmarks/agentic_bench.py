@@ -42,6 +42,7 @@ from trajbus.streams.producer import StepProducer
 from trajbus.streams.records import Step
 from trajbus.streams.stats import applied_positions, read_snapshots
 from trajbus.streams.topics import steps_topic
+from trajbus.pipelines.tables import print_table as draw_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FETCH_TIMEOUT = 300.0
@@ -168,16 +169,17 @@ def run(workload: Workload, bootstrap: str, data_dir: Path | None, workdir: Path
 
 
 def print_table(results: list[dict]) -> None:
-    print(f"\n{'workload':<13} {'raw steps/s':>11} {'e2e steps/s':>11} {'ratio':>6} {'tokens/s':>9} "
-          f"{'steps/dist':>10} {'groups/dist':>11} {'chlog/steps':>11} {'peak MB':>8} {'recovery s':>10}")
+    rows = []
     for r in results:
         b = r.get("bytes", {})
         per = (lambda k: f"{b[k] / r['distinct_bytes']:.2f}x") if b else (lambda k: "n/a")
-        changelog = f"{b['changelog'] / b['steps']:.2f}x" if b else "n/a"
-        recovered = f"{r['recovery_s']:.1f}" if "recovery_s" in r else "-"
-        print(f"{r['workload']:<13} {r['raw_steps_per_s']:>11.0f} {r['e2e_steps_per_s']:>11.1f} {r['ratio']:>5.2f}x "
-              f"{r['e2e_distinct_tokens_per_s']:>9.0f} {per('steps'):>10} {per('groups'):>11} {changelog:>11} "
-              f"{r['worker_peak_mb']:>8.0f} {recovered:>10}")
+        rows.append([r["workload"], f"{r['raw_steps_per_s']:.0f}", f"{r['e2e_steps_per_s']:.1f}", f"{r['ratio']:.2f}x",
+                     f"{r['e2e_distinct_tokens_per_s']:.0f}", per("steps"), per("groups"),
+                     f"{b['changelog'] / b['steps']:.2f}x" if b else "n/a", f"{r['worker_peak_mb']:.0f}",
+                     f"{r['recovery_s']:.1f}" if "recovery_s" in r else "-"])
+    print()
+    draw_table(["workload", "raw steps/s", "e2e steps/s", "ratio", "tokens/s", "steps/dist", "groups/dist",
+                 "chlog/steps", "peak MB", "recovery s"], rows)
     print("targets: single_turn ratio >= 0.5x; multi_turn ratio >= 1.0x, steps and groups <= 1.25x distinct, "
           "changelog <= 0.25x steps, recovery <= 15 s")
 

@@ -30,6 +30,7 @@ from trajbus.pipelines.processes import worker_process
 from trajbus.streams import codec
 from trajbus.streams.producer import StepProducer
 from trajbus.pipelines.synthetic import make_groups
+from trajbus.pipelines.tables import print_table
 
 log = logging.getLogger("trajbus.benchmarks")
 
@@ -140,12 +141,14 @@ def main(n_groups: int = 400, n_latency: int = 100) -> dict:
         "latency_samples": len(lat),
     }
     print(f"\nassembly: {len(steps)} steps = {n_groups} groups x 4 trajectories x 3 steps, 8 partitions")
-    print(f"{'path':<34} {'steps/s':>10} {'ratio':>7}")
-    print(f"{'raw produce + consume (baseline)':<34} {result['raw_steps_per_s']:>10.0f} {1.0:>6.2f}x")
-    print(f"{'submit -> worker -> fetch_group':<34} {result['assembled_steps_per_s']:>10.0f} "
-          f"{result['throughput_ratio']:>6.2f}x")
-    print(f"\nlast step acknowledged -> group fetchable ({len(lat)} groups, one at a time)")
-    print(f"{'p50':>8} {result['latency_p50_ms']:>8.1f} ms\n{'p99':>8} {result['latency_p99_ms']:>8.1f} ms")
+    print_table(["path", "steps/s", "ratio"],
+                [["raw produce + consume (baseline)", f"{result['raw_steps_per_s']:.0f}", "1.00x"],
+                 ["submit -> worker -> fetch_group", f"{result['assembled_steps_per_s']:.0f}",
+                  f"{result['throughput_ratio']:.2f}x"]])
+    print()
+    print_table(["latency", "ms"],
+                [["p50", f"{result['latency_p50_ms']:.1f}"], ["p99", f"{result['latency_p99_ms']:.1f}"]],
+                title=f"last step acknowledged -> group fetchable ({len(lat)} groups, one at a time)")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "assembly.json").write_text(json.dumps(result, indent=2))
     return result

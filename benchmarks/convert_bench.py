@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerFast
 
 from trajbus.consumers.backends import VerlBackend
 from trajbus.streams.records import Step
+from trajbus.pipelines.tables import print_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT, RESPONSE, VOCAB = 2048, 512, 32000
@@ -81,9 +82,9 @@ def main(n: int = 1024) -> dict:
     result = {"steps": n, "prompt_length": PROMPT, "response_length": RESPONSE,
               "per_row_pad_steps_per_s": n / pad_s, "bulk_steps_per_s": n / bulk_s, "speedup": pad_s / bulk_s}
     print(f"\nconvert: {n} steps, prompt {PROMPT} + response {RESPONSE} tokens, best of 3")
-    print(f"{'path':<36} {'steps/s':>9} {'ratio':>7}")
-    print(f"{'per-row tokenizer.pad (baseline)':<36} {result['per_row_pad_steps_per_s']:>9.0f} {1.0:>6.2f}x")
-    print(f"{'VerlBackend.convert (bulk)':<36} {result['bulk_steps_per_s']:>9.0f} {result['speedup']:>6.2f}x")
+    print_table(["path", "steps/s", "ratio"],
+                [["per-row tokenizer.pad (baseline)", f"{result['per_row_pad_steps_per_s']:.0f}", "1.00x"],
+                 ["VerlBackend.convert (bulk)", f"{result['bulk_steps_per_s']:.0f}", f"{result['speedup']:.2f}x"]])
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "convert.json").write_text(json.dumps(result, indent=2))
     return result

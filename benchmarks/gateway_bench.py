@@ -35,6 +35,7 @@ from trajbus.gateway.backends import KEEPALIVE_SECONDS, request_body
 from trajbus.infra import tiny_model
 from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.pipelines.processes import ServiceProcess, free_port, gateway_process, scripted_engine_process, wait_http
+from trajbus.pipelines.tables import print_table
 
 TURNS = 10
 REPLY = ("Checked the file; the failing assertion compares the parsed header against the raw bytes, so "
@@ -145,18 +146,17 @@ async def measure(engine: str, gateway: str, rendering: str, turns: list[list[di
 
 
 def print_tables(result: dict) -> None:
-    print(f"{'agents':>6} {'requests':>8} | {'direct p50':>10} {'p99':>7} {'req/s':>7} | "
-          f"{'gateway p50':>11} {'p99':>7} {'req/s':>7} | {'added p50':>9} {'p99':>7} {'ratio':>6}")
-    for r in result["levels"]:
-        print(f"{r['agents']:>6} {r['requests']:>8} | {r['direct_p50_ms']:>8.2f}ms {r['direct_p99_ms']:>5.0f}ms "
-              f"{r['direct_rps']:>7.1f} | {r['gateway_p50_ms']:>9.2f}ms {r['gateway_p99_ms']:>5.0f}ms "
-              f"{r['gateway_rps']:>7.1f} | {r['added_p50_ms']:>7.2f}ms {r['added_p99_ms']:>5.0f}ms "
-              f"{r['throughput_ratio']:>5.2f}x")
-    print(f"\n1 agent, by turn number:\n{'turn':>4} {'prompt tokens':>13} | {'direct p50':>10} | "
-          f"{'gateway p50':>11} | {'added p50':>9} | {'added p50, --multi-turn render':>30}")
-    for t in result["per_turn"]:
-        print(f"{t['turn']:>4} {t['prompt_tokens']:>13} | {t['direct_p50_ms']:>8.2f}ms | "
-              f"{t['gateway_p50_ms']:>9.2f}ms | {t['added_p50_ms']:>7.2f}ms | {t['render_added_p50_ms']:>28.2f}ms")
+    print_table(["agents", "requests", "direct p50", "direct p99", "direct req/s", "gateway p50", "gateway p99",
+                 "gateway req/s", "added p50", "added p99", "ratio"],
+                [[r["agents"], r["requests"], f"{r['direct_p50_ms']:.2f} ms", f"{r['direct_p99_ms']:.0f} ms",
+                  f"{r['direct_rps']:.1f}", f"{r['gateway_p50_ms']:.2f} ms", f"{r['gateway_p99_ms']:.0f} ms",
+                  f"{r['gateway_rps']:.1f}", f"{r['added_p50_ms']:.2f} ms", f"{r['added_p99_ms']:.0f} ms",
+                  f"{r['throughput_ratio']:.2f}x"] for r in result["levels"]])
+    print()
+    print_table(["turn", "prompt tokens", "direct p50", "gateway p50", "added p50", "added p50, --multi-turn render"],
+                [[t["turn"], t["prompt_tokens"], f"{t['direct_p50_ms']:.2f} ms", f"{t['gateway_p50_ms']:.2f} ms",
+                  f"{t['added_p50_ms']:.2f} ms", f"{t['render_added_p50_ms']:.2f} ms"] for t in result["per_turn"]],
+                title="1 agent, by turn number")
 
 
 def main() -> dict:
