@@ -19,11 +19,12 @@ import logging
 import time
 from typing import Any, Callable
 
-from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.topics import watermarks
 from trajbus.infra.kafka_config import KafkaUnreachable, client_config
+from trajbus.infra.retry import retrying
 from trajbus.consumers import metrics
 from trajbus.consumers.backends import TrainingBackend
 from trajbus.consumers.rows import check_group
@@ -72,19 +73,6 @@ class BatchConsumer:
             "fetch.max.bytes": 64 * 1024 * 1024,
             **config,
         }))
-        self._positions: dict[int, int] = {}
-        """Per partition, the offset after the last group handed to the trainer."""
-        self.partitions: list[int] | None = None
-        """A rank's own partitions of the groups topic (None: the consumer group shares them out)."""
-        if world_size is None:
-            self._consumer.subscribe([self.topic], on_assign=self._on_assign)
-        else:
-            try:
-                self.partitions = rank_partitions(self._consumer, self.topic, rank, world_size)
-            except BaseException:
-                self._consumer.close()
-                raise
-            self._assign_own()
         self._dlq: Producer | None = None
         self._chunks = ChunkReader(self.bootstrap_servers)
         self.backend = backend
@@ -99,6 +87,19 @@ class BatchConsumer:
         """Which groups (by ``prompt_uid``) this consumer hands out; the others are passed over."""
         self.fetched_bytes = 0
         """Bytes of groups-topic records received, those passed over included (what the broker served)."""
+        self._positions: dict[int, int] = {}
+        """Per partition, the offset after the last group handed to the trainer."""
+        self.partitions: list[int] | None = None
+        """A rank's own partitions of the groups topic (None: the consumer group shares them out)."""
+        if world_size is None:
+            self._consumer.subscribe([self.topic], on_assign=self._on_assign)
+        else:
+            try:
+                self.partitions = rank_partitions(self._consumer, self.topic, rank, world_size)
+                self._assign_own()
+            except BaseException:
+                self.close()
+                raise
 
     def fetch_group(self, timeout: float | None = None) -> ReadyGroup | None:
         """The next ready group, or ``None`` if none arrives within ``timeout`` seconds
@@ -227,8 +228,18 @@ class BatchConsumer:
                 self._consumer.seek(TopicPartition(self.topic, tp.partition, self._positions[tp.partition]))
 
     def _assign_own(self) -> None:
-        """A rank's partitions, each from its position, else the group's commit, else the log start."""
-        self._consumer.assign([TopicPartition(self.topic, p, self._positions.get(p, OFFSET_STORED))
+        """A rank's partitions, each from its position, else the group's commit, else the log start. The
+        commits are asked here, through a coordinator's move (librdkafka does not ask again for assigned
+        partitions whose first look-up failed: they would never be fetched)."""
+        unknown = [TopicPartition(self.topic, p) for p in self.partitions or [] if p not in self._positions]
+        committed: dict[int, int] = {}
+        for attempt in retrying(self.outage_limit or 120.0, log, f"committed offsets of {self.group_id}"):
+            with attempt:
+                for tp in self._consumer.committed(unknown, timeout=10) if unknown else []:
+                    if tp.error is not None:
+                        raise KafkaException(tp.error)
+                    committed[tp.partition] = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+        self._consumer.assign([TopicPartition(self.topic, p, self._positions.get(p, committed.get(p, OFFSET_BEGINNING)))
                                for p in self.partitions or []])
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import subprocess
 import sys
 import threading
 import time
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from trajbus.consumers import BatchConsumer
+from trajbus.pipelines.processes import ServiceProcess
 from trajbus.pipelines.synthetic import group_steps
 from trajbus.streams import codec
 from trajbus.streams.prefix import PrefixResolver, StepDelta
@@ -152,3 +154,57 @@ def submit_until_stopped(producer: StepProducer, acked: dict[str, int], stop: th
         except DeliveryError:  # the broker is down: its fate is unknown, it may still land
             pass
         number += 1
+
+
+class Flow:
+    """Acknowledged load in, the trainer's groups out, counted by prompt uid."""
+
+    def __init__(self, producer: StepProducer, trainer: BatchConsumer, name: str) -> None:
+        self.producer, self.trainer = producer, trainer
+        self.acked: dict[str, int] = {}
+        self.received: list[str] = []
+        self.stop = threading.Event()
+        self.load = threading.Thread(target=submit_until_stopped, args=(producer, self.acked, self.stop, name))
+
+    def receive_until(self, done, timeout: float, what: str) -> None:
+        def step() -> bool:
+            group = self.trainer.fetch_group(1.0)
+            if group is not None:
+                self.received.append(group.prompt_uid)
+            return done()
+        wait_for(step, timeout, what, interval=0)
+
+    def more_acked(self, count: int, timeout: float = 120) -> None:
+        before = len(self.acked)
+        wait_for(lambda: len(self.acked) >= before + count, timeout, f"{count} more acknowledged groups")
+
+    def finish(self) -> None:
+        """Stop the load, then receive until every acknowledged group arrived; none twice."""
+        self.stop.set()
+        self.load.join(120)
+        try:
+            self.receive_until(lambda: set(self.acked) <= set(self.received), 180, "every acknowledged group")
+        except AssertionError as exc:
+            missing = sorted(set(self.acked) - set(self.received))
+            raise AssertionError(f"{exc}: {len(missing)} of {len(self.acked)} acknowledged never arrived: "
+                                 f"{missing[:10]}") from None
+        assert len(self.received) == len(set(self.received)), "a group arrived twice"
+
+
+@contextlib.contextmanager
+def flowing(servers: str, prefix: str, worker: ServiceProcess | None, name: str = "load",
+            call_timeout: float = 60) -> Iterator[Flow]:
+    """A producer under load (each call waits up to ``call_timeout`` s for its acknowledgement) and a
+    trainer, with ``worker`` started between them; the load stops on the way out."""
+    with StepProducer(servers, prefix=prefix, timeout=call_timeout) as producer, \
+            BatchConsumer("train", servers, prefix=prefix) as trainer:
+        flow = Flow(producer, trainer, name)
+        try:
+            if worker is not None:
+                worker.start()
+            flow.load.start()
+            yield flow
+        finally:
+            flow.stop.set()
+            if flow.load.is_alive():
+                flow.load.join(120)

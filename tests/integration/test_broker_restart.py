@@ -19,7 +19,7 @@ import httpx
 from trajbus.consumers import BatchConsumer
 from trajbus.pipelines.processes import ServiceProcess, free_port, gateway_process, wait_http, worker_process
 from trajbus.streams.producer import StepProducer
-from tests.helpers import submit_until_stopped, wait_for
+from tests.helpers import flowing, submit_until_stopped, wait_for
 
 OUTAGE_SECONDS = 20
 
@@ -117,4 +117,22 @@ def test_past_the_outage_limit_worker_and_gateway_exit_with_one_line(own_broker,
             assert last.startswith(f"trajbus {name}: Kafka unreachable for") and "--broker-outage-limit 8" in last
     finally:
         gateway.stop()
+        worker.stop()
+
+
+def test_the_worker_survives_five_broker_kills_in_a_row(own_broker, prefix, tmp_path: Path):
+    servers = own_broker.read_state().bootstrap_servers
+    worker = worker_process(servers, prefix, tmp_path / "worker.log", n_rollouts=2)
+    try:
+        with flowing(servers, prefix, worker, call_timeout=5) as flow:
+            for kill in range(5):
+                flow.receive_until(lambda: len(flow.received) >= 2 * (kill + 1), 120, f"groups before kill {kill}")
+                os.kill(own_broker.read_state().pid, signal.SIGKILL)
+                wait_for(lambda: own_broker.status() is None, 30, "the broker to die")
+                own_broker.start()
+                flow.more_acked(3)
+                assert worker.alive(), f"the worker died at kill {kill}:\n{worker.log_tail()}"
+            flow.finish()
+        assert worker.alive(), f"the worker died:\n{worker.log_tail()}"
+    finally:
         worker.stop()

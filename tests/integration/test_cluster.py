@@ -10,10 +10,9 @@ After each test every node runs again and every partition is fully replicated.
 
 from __future__ import annotations
 
-import contextlib
 import os
+import random
 import signal
-import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -24,10 +23,11 @@ from trajbus.consumers import BatchConsumer
 from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.infra.kafka_cluster import EmbeddedCluster
 from trajbus.infra.topics import ensure_topics
-from trajbus.pipelines.processes import ServiceProcess, worker_process
+from trajbus.pipelines.processes import worker_process
+from trajbus.pipelines.synthetic import group_steps
 from trajbus.streams.producer import StepProducer
 from trajbus.streams.topics import TopicSettings, dlq_topic, groups_topic
-from tests.helpers import end_offsets, submit_until_stopped, wait_for
+from tests.helpers import end_offsets, flowing, read_to_end, wait_for
 
 NODES = 3
 
@@ -66,57 +66,6 @@ def leader_of(servers: str, topic: str, partition: int = 0) -> int:
 def kill(node: EmbeddedKafka) -> None:
     os.kill(node.read_state().pid, signal.SIGKILL)
     wait_for(lambda: node.status() is None, 30, f"node {node.node.node_id} to die")
-
-
-class Flow:
-    """Acknowledged load in, the trainer's groups out, counted by prompt uid."""
-
-    def __init__(self, producer: StepProducer, trainer: BatchConsumer, name: str) -> None:
-        self.producer, self.trainer = producer, trainer
-        self.acked: dict[str, int] = {}
-        self.received: list[str] = []
-        self.stop = threading.Event()
-        self.load = threading.Thread(target=submit_until_stopped, args=(producer, self.acked, self.stop, name))
-
-    def receive_until(self, done, timeout: float, what: str) -> None:
-        def step() -> bool:
-            group = self.trainer.fetch_group(1.0)
-            if group is not None:
-                self.received.append(group.prompt_uid)
-            return done()
-        wait_for(step, timeout, what, interval=0)
-
-    def more_acked(self, count: int, timeout: float = 120) -> None:
-        before = len(self.acked)
-        wait_for(lambda: len(self.acked) >= before + count, timeout, f"{count} more acknowledged groups")
-
-    def finish(self) -> None:
-        """Stop the load, then receive until every acknowledged group arrived; none twice."""
-        self.stop.set()
-        self.load.join(120)
-        try:
-            self.receive_until(lambda: set(self.acked) <= set(self.received), 180, "every acknowledged group")
-        except AssertionError as exc:
-            missing = sorted(set(self.acked) - set(self.received))
-            raise AssertionError(f"{exc}: {len(missing)} of {len(self.acked)} acknowledged never arrived: "
-                                 f"{missing[:10]}") from None
-        assert len(self.received) == len(set(self.received)), "a group arrived twice"
-
-
-@contextlib.contextmanager
-def flowing(servers: str, prefix: str, worker: ServiceProcess | None, name: str = "load") -> Iterator[Flow]:
-    with StepProducer(servers, prefix=prefix, timeout=60) as producer, \
-            BatchConsumer("train", servers, prefix=prefix) as trainer:
-        flow = Flow(producer, trainer, name)
-        try:
-            if worker is not None:
-                worker.start()
-            flow.load.start()
-            yield flow
-        finally:
-            flow.stop.set()
-            if flow.load.is_alive():
-                flow.load.join(120)
 
 
 def test_topics_take_the_cluster_replication(servers: str, prefix: str):
@@ -181,3 +130,51 @@ def test_a_worker_started_while_a_node_is_down_assembles(cluster: EmbeddedCluste
         assert second.alive(), f"the worker died:\n{second.log_tail()}"
     finally:
         second.stop()
+
+
+def test_four_ranks_read_disjoint_shares(servers: str, prefix: str, tmp_path: Path):
+    ranks = 4
+    ensure_topics(servers, TopicSettings(prefix=prefix, groups_partitions=ranks).specs(["train"]))
+    worker = worker_process(servers, prefix, tmp_path / "worker.log", n_rollouts=2,
+                            extra=["--groups-partitions", str(ranks)])
+    rng = random.Random(5)
+    sent = [f"rank-{number:03d}" for number in range(40)]
+    consumers = [BatchConsumer("train", servers, prefix=prefix, rank=r, world_size=ranks) for r in range(ranks)]
+    got: dict[int, list[str]] = {r: [] for r in range(ranks)}
+    try:
+        worker.start()
+        with StepProducer(servers, prefix=prefix) as producer:
+            for uid in sent:  # one acknowledged call per group
+                producer.submit_steps([s for t in group_steps(uid, 2, 2, rng) for s in t], channel="train")
+
+        def fetch_round() -> bool:
+            for rank, consumer in enumerate(consumers):
+                group = consumer.fetch_group(0.2)
+                if group is not None:
+                    assert len(group.trajectory_uids) == 2, "a prompt group was split"
+                    got[rank].append(group.prompt_uid)
+            return sum(map(len, got.values())) >= len(sent)
+        wait_for(fetch_round, 120, "every group at some rank", interval=0)
+        everything = [uid for uids in got.values() for uid in uids]
+        assert sorted(everything) == sorted(sent), "a group was lost or read by two ranks"
+        total = sum(len(m.value()) for m in read_to_end(servers, groups_topic("train", prefix)))
+        shares = [consumer.fetched_bytes / total for consumer in consumers]
+        assert abs(sum(shares) - 1.0) < 1e-9, f"ranks fetched {shares} of the topic's bytes, not each a share"
+        assert all(0 < share < 0.4 for share in shares), f"a rank fetched {max(shares):.2f} of the topic"
+        for consumer in consumers:
+            assert consumer.partitions is not None and len(consumer.partitions) == 1
+
+        # A rank restarted from its checkpoint resumes after the last group it handed out.
+        rank0 = consumers[0]
+        rank0.load_state_dict({"topic": rank0.topic, "group_id": rank0.group_id, "positions": {0: 0}})
+        first = [rank0.fetch_group(30).prompt_uid for _ in range(2)]
+        checkpoint = rank0.state_dict()
+        rank0.fetch_group(30)  # trained after the checkpoint, then the process dies
+        with BatchConsumer("train", servers, prefix=prefix, rank=0, world_size=ranks) as restarted:
+            restarted.load_state_dict(checkpoint)
+            assert restarted.fetch_group(30).prompt_uid == got[0][2]
+        assert first == got[0][:2], "a rank's groups are not FIFO"
+    finally:
+        for consumer in consumers:
+            consumer.close()
+        worker.stop()
