@@ -26,10 +26,10 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
-from trajbus.infra.kafka_config import client_config
+from trajbus.infra.clients import acked_producer, reader
 from trajbus.infra.topics import ensure_topics, read_partition, watermarks
 from trajbus.streams import codec
 from trajbus.streams.chunks import ChunkReader, produce_group
@@ -99,9 +99,9 @@ class Replay:
             raise ReplayError(f"window: the end ({end_time}) is before the start ({start_time})")
         if start_offset is not None and end_offset is not None and end_offset < start_offset:
             raise ReplayError(f"window: the end offset {end_offset} is before the start offset {start_offset}")
-        self._consumer = Consumer(client_config(self.bootstrap_servers, {
-            "group.id": f"{prefix}.replay.{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-            "enable.partition.eof": True, "fetch.wait.max.ms": 50, "logger": log}))
+        self._consumer = reader(self.bootstrap_servers, {
+            "group.id": f"{prefix}.replay.{uuid.uuid4().hex[:8]}",
+            "enable.partition.eof": True, "fetch.wait.max.ms": 50, "logger": log})
         self.ranges = self._resolve(start_time, end_time, start_offset, end_offset)
         self._prefixes = PrefixResolver()
         self._lookback: Consumer | None = None
@@ -182,9 +182,9 @@ class Replay:
         if isinstance(record, StepDelta) and not self._prefixes.knows(record):
             start = self._offset_for_time(partition, record.keyframe_at, message.offset())
             if self._lookback is None:
-                self._lookback = Consumer(client_config(self.bootstrap_servers, {
+                self._lookback = reader(self.bootstrap_servers, {
                     "group.id": f"{self.prefix}.replay-lookback.{uuid.uuid4().hex[:8]}",
-                    "enable.auto.commit": False, "enable.partition.eof": True, "logger": log}))
+                    "enable.partition.eof": True, "logger": log})
             uid = record.step.trajectory_uid
             for earlier in read_partition(self._lookback, self.topic, partition, start, message.offset()):
                 found = codec.decode(earlier.value())
@@ -234,8 +234,7 @@ class Replay:
         return self._steps_into(target, n_rollouts)
 
     def _groups_into(self, target: str) -> int:
-        producer = Producer(client_config(self.bootstrap_servers, {
-            "enable.idempotence": True, "compression.type": "lz4", "linger.ms": 5, "logger": log}))
+        producer = acked_producer(self.bootstrap_servers, {"compression.type": "lz4", "linger.ms": 5, "logger": log})
         settings = TopicSettings(prefix=self.prefix)
         errors: list = []
         written = 0

@@ -15,9 +15,9 @@ import sys
 import uuid
 from typing import Any, TextIO
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Message, TopicPartition
 
-from trajbus.infra.kafka_config import client_config
+from trajbus.infra.clients import reader
 from trajbus.streams import codec
 from trajbus.streams.dlq import REASON
 from trajbus.streams.prefix import StepDelta
@@ -89,9 +89,8 @@ def readable(entry: dict[str, Any]) -> str:
 def tail(bootstrap_servers: str, topic: str, from_beginning: bool = False, max_records: int | None = None,
          as_json: bool = False, out: TextIO = sys.stdout) -> int:
     """Print records of ``topic`` as they arrive; returns how many were printed."""
-    consumer = Consumer(client_config(bootstrap_servers, {
-        "group.id": f"trajbus.tail.{uuid.uuid4().hex[:8]}", "enable.auto.commit": False, "fetch.wait.max.ms": 100,
-        "logger": log}))
+    consumer = reader(bootstrap_servers, {
+        "group.id": f"trajbus.tail.{uuid.uuid4().hex[:8]}", "fetch.wait.max.ms": 100, "logger": log})
     try:
         topics = consumer.list_topics(timeout=10).topics
         if topic not in topics:

@@ -26,9 +26,9 @@ import threading
 import time
 from typing import Callable
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from trajbus.infra.kafka_config import client_config
+from trajbus.infra.clients import acked_producer, reader
 from trajbus.streams.topics import groups_topic, stats_topic, trainer_group_id
 
 log = logging.getLogger("trajbus.gateway")
@@ -55,11 +55,10 @@ class BacklogMonitor:
         self.bootstrap_servers = bootstrap_servers
         self._committed: dict[str, Consumer] = {}
         """channel -> a consumer in the trainer's group that never subscribes: it only reads the commits."""
-        self._consumer = Consumer(client_config(bootstrap_servers, {
-            "group.id": f"{prefix}.gateway-backlog", "enable.auto.commit": False, "fetch.wait.max.ms": 100,
-            "logger": log}))
+        self._consumer = reader(bootstrap_servers, {
+            "group.id": f"{prefix}.gateway-backlog", "fetch.wait.max.ms": 100, "logger": log})
         self._consumer.assign([TopicPartition(stats_topic(prefix), 0, 0)])
-        self._producer = Producer(client_config(bootstrap_servers, {"linger.ms": 0, "logger": log}))
+        self._producer = acked_producer(bootstrap_servers, {"linger.ms": 0, "logger": log})
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="backlog-monitor", daemon=True)
 
@@ -118,8 +117,8 @@ class BacklogMonitor:
         partitions = [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
         if channel not in self._committed:  # not the AdminClient: its offset look-up of a group with no
             # coordinator yet can crash librdkafka (confluent-kafka-python #1982)
-            self._committed[channel] = Consumer(client_config(self.bootstrap_servers, {
-                "group.id": trainer_group_id(channel, self.prefix), "enable.auto.commit": False, "logger": log}))
+            self._committed[channel] = reader(self.bootstrap_servers, {
+                "group.id": trainer_group_id(channel, self.prefix), "logger": log})
         committed = {tp.partition: tp.offset for tp in self._committed[channel].committed(partitions, self.timeout)}
         ready = 0
         for tp in partitions:

@@ -374,11 +374,14 @@ class EmbeddedKafka:
 
     def _wait_ready(self, process: subprocess.Popen, state: BrokerState, timeout: float) -> None:
         """Ready means a real client got cluster metadata back, not that a port opened."""
-        from confluent_kafka.admin import AdminClient
+        from trajbus.infra import clients
+        from trajbus.infra.kafka_config import KafkaConnection
 
         credentials = self._client_properties() if self.secure else {}
-        admin = AdminClient({"bootstrap.servers": state.bootstrap_servers, "log_level": 0, **credentials,
-                             "logger": logging.getLogger("infra.kafka_broker.probe")})
+        # This broker's own connection, not the process's; its start-up errors are not the process's
+        # authentication failures, so the shared error callback is left out.
+        admin = clients.admin(KafkaConnection(state.bootstrap_servers, credentials), {
+            "log_level": 0, "logger": logging.getLogger("infra.kafka_broker.probe"), "error_cb": lambda _error: None})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:

@@ -191,10 +191,9 @@ def authentication_failure(bootstrap_servers: str | None = None, timeout: float 
     while the call that failed just says "transport failure")."""
     if _authentication_failure is None and bootstrap_servers and \
             connection_properties().get("security.protocol", "PLAINTEXT").upper() != "PLAINTEXT":
-        from confluent_kafka import Producer
+        from trajbus.infra.clients import reader
 
-        probe = Producer(client_config(bootstrap_servers, {"logger": logging.getLogger(__name__ + ".probe"),
-                                                           "log_level": 0}))
+        probe = reader(bootstrap_servers, {"logger": logging.getLogger(__name__ + ".probe"), "log_level": 0})
         deadline = time.monotonic() + timeout
         while _authentication_failure is None and time.monotonic() < deadline:
             probe.poll(0.1)

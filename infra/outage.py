@@ -14,9 +14,9 @@ import threading
 import time
 from typing import Callable
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException
 
-from trajbus.infra.kafka_config import client_config
+from trajbus.infra.clients import reader
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class OutageWatch:
         self.limit, self.interval, self.what = limit, interval, what
         self.down_since: float | None = None
         self._on_limit = on_limit
-        self._probe = Producer(client_config(bootstrap_servers, {"logger": log, "log_level": 0}))
+        self._probe = reader(bootstrap_servers, {"logger": log, "log_level": 0})
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kafka-outage-watch", daemon=True)
 

@@ -26,7 +26,7 @@ from confluent_kafka.admin import (
 )
 from confluent_kafka.error import KafkaError
 
-from trajbus.infra.kafka_config import client_config
+from trajbus.infra import clients
 from trajbus.infra.retry import retrying
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class TopicInfo:
 
 
 def admin_client(bootstrap_servers: str) -> AdminClient:
-    return AdminClient(client_config(bootstrap_servers, {"logger": log}))
+    return clients.admin(bootstrap_servers, {"logger": log})
 
 
 def _wait(futures: dict, what: str, ignore: tuple[int, ...] = ()) -> None:
@@ -227,8 +227,7 @@ def describe_topics(bootstrap_servers: str, names: list[str] | None = None, pref
             key: entry.value for key, entry in entries.items()
             if entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
         }
-    probe = Consumer(client_config(bootstrap_servers, {
-        "group.id": "trajbus.describe", "logger": log, "enable.auto.commit": False}))
+    probe = clients.reader(bootstrap_servers, {"group.id": "trajbus.describe", "logger": log})
     try:
         infos = []
         for name in chosen:
@@ -269,8 +268,7 @@ def consumer_group_lag(bootstrap_servers: str, group_id: str, topic: str, timeou
     Reads the commit with a consumer that never subscribes, so it does not join
     (or disturb) the group it inspects.
     """
-    probe = Consumer(client_config(bootstrap_servers, {
-        "group.id": group_id, "enable.auto.commit": False, "logger": log}))
+    probe = clients.reader(bootstrap_servers, {"group.id": group_id, "logger": log})
     try:
         partitions = probe.list_topics(topic, timeout=timeout).topics[topic].partitions
         committed = probe.committed([TopicPartition(topic, p) for p in sorted(partitions)], timeout=timeout)
@@ -295,8 +293,7 @@ def delete_records_before(bootstrap_servers: str, topic: str, partition: int, of
 
 def end_offsets_of(bootstrap_servers: str, partitions: list[tuple[str, int]], timeout: float = 10.0) -> dict[tuple[str, int], int]:
     """The end (high watermark) of each (topic, partition)."""
-    probe = Consumer(client_config(bootstrap_servers, {
-        "group.id": "trajbus.end-offsets", "enable.auto.commit": False, "logger": log}))
+    probe = clients.reader(bootstrap_servers, {"group.id": "trajbus.end-offsets", "logger": log})
     try:
         return {(topic, p): watermarks(probe, TopicPartition(topic, p), timeout)[1] for topic, p in partitions}
     finally:
@@ -325,8 +322,7 @@ def consumer_groups_lag(bootstrap_servers: str, topic_prefix: str, timeout: floa
     admin = admin_client(bootstrap_servers)
     listing = admin.list_consumer_groups(request_timeout=timeout).result(timeout)
     group_ids = sorted(g.group_id for g in listing.valid)
-    probe = Consumer(client_config(bootstrap_servers, {
-        "group.id": "trajbus.lag-probe", "enable.auto.commit": False, "logger": log}))
+    probe = clients.reader(bootstrap_servers, {"group.id": "trajbus.lag-probe", "logger": log})
     result: list[GroupLag] = []
     try:
         for group_id in group_ids:

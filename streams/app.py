@@ -39,7 +39,8 @@ import faust
 from confluent_kafka import Producer
 from prometheus_client import start_http_server
 
-from trajbus.infra.kafka_config import client_config, faust_credentials
+from trajbus.infra.clients import acked_producer
+from trajbus.infra.kafka_config import faust_credentials
 from trajbus.infra.retry import retrying_async
 from trajbus.streams import codec
 from trajbus.streams.assembly import Outcome, PendingGroup
@@ -314,7 +315,7 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
 
     def publish_stats(self) -> None:
         if self.stats_producer is None:
-            self.stats_producer = Producer(client_config(self.bootstrap_servers, {"logger": log, "linger.ms": 50}))
+            self.stats_producer = acked_producer(self.bootstrap_servers, {"logger": log, "linger.ms": 50})
         self.stats_producer.produce(stats_topic(self.prefix), key=self.metrics.worker_id.encode(),
                                     value=encode_snapshot(self.metrics.snapshot()))
         self.stats_producer.poll(0)

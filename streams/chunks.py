@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from trajbus.infra.kafka_config import client_config
+from trajbus.infra.clients import reader
 from trajbus.infra.topics import read_partition, watermarks
 from trajbus.streams import codec
 from trajbus.streams.prefix import StructuredGroup
@@ -89,9 +89,9 @@ class ChunkReader:
 
     def group_bytes(self, group: ChunkedGroup) -> bytes:
         if self._consumer is None:
-            self._consumer = Consumer(client_config(self.bootstrap_servers, {
-                "group.id": f"trajbus.chunks.{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-                "enable.partition.eof": True, "auto.offset.reset": "error", "logger": log}))
+            self._consumer = reader(self.bootstrap_servers, {
+                "group.id": f"trajbus.chunks.{uuid.uuid4().hex[:8]}",
+                "enable.partition.eof": True, "auto.offset.reset": "error", "logger": log})
         wanted = set(group.offsets)
         low, _high = watermarks(self._consumer, TopicPartition(group.topic, group.partition), 10.0)
         if min(wanted) < low:  # a reader behind retention: this group is gone, the next may not be

@@ -25,6 +25,8 @@ from aiokafka.errors import UnknownError, UnsupportedVersionError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import ConsumerT, ProducerT
 
+from trajbus.infra.clients import ROLE_DEFAULTS
+
 log = logging.getLogger("trajbus.worker")
 FAUST_LOG = logging.getLogger("faust.trajbus")
 """Where these classes' Faust lifecycle lines go: under Faust's log level, not trajbus's."""
@@ -40,7 +42,9 @@ class IdempotentProducer(faust_aiokafka.Producer):
 
     def _settings_extra(self) -> Mapping[str, Any]:
         extra = super()._settings_extra()
-        return {**extra, "acks": "all", "enable_idempotence": True} if self.idempotent else extra
+        acked = ROLE_DEFAULTS["acked_producer"]  # the same guarantees as every other producer of trajbus
+        return {**extra, "acks": acked["acks"], "enable_idempotence": acked["enable.idempotence"]} \
+            if self.idempotent else extra
 
     async def on_start(self) -> None:
         try:

@@ -15,8 +15,8 @@ import logging
 import threading
 import time
 
-from confluent_kafka import Consumer, Producer, TopicPartition
-from trajbus.infra.kafka_config import client_config
+from confluent_kafka import TopicPartition
+from trajbus.infra.clients import acked_producer, reader
 
 from trajbus.streams.topics import DEFAULT_PREFIX, policy_topic
 
@@ -54,7 +54,7 @@ class PolicyVersionPublisher:
         self.key = f"{SERVING}{channel}" if serving else channel
         """``serving=True``: the version the engines serve (weight sync), not the trainer's."""
         self.timeout = timeout
-        self._producer = Producer(client_config(bootstrap_servers, {"enable.idempotence": True, "logger": log}))
+        self._producer = acked_producer(bootstrap_servers, {"logger": log})
 
     def publish(self, version: int) -> None:
         errors: list = []
@@ -82,9 +82,8 @@ class PolicyWatcher:
     def __init__(self, bootstrap_servers: str, prefix: str = DEFAULT_PREFIX) -> None:
         self._versions: dict[str, int] = {}
         self._stop = threading.Event()
-        self._consumer = Consumer(client_config(bootstrap_servers, {
-            "group.id": f"{prefix}.policy-watcher", "enable.auto.commit": False, "fetch.wait.max.ms": 100,
-            "logger": log}))
+        self._consumer = reader(bootstrap_servers, {
+            "group.id": f"{prefix}.policy-watcher", "fetch.wait.max.ms": 100, "logger": log})
         self._consumer.assign([TopicPartition(policy_topic(prefix), 0, 0)])
         self._thread = threading.Thread(target=self._run, name="policy-watcher", daemon=True)
         self._thread.start()

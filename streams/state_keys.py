@@ -10,9 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer
-
-from trajbus.infra.kafka_config import client_config
+from trajbus.infra.clients import reader
 from trajbus.infra.topics import describe_topics, read_partition
 
 log = logging.getLogger("trajbus.worker")
@@ -56,8 +54,8 @@ class SourceRecord:
 
 def read_range(bootstrap_servers: str, topic: str, partition: int, start: int, end: int) -> list[SourceRecord]:
     """Records of one partition with ``start <= offset < end`` (fewer where the log has gaps)."""
-    consumer = Consumer(client_config(bootstrap_servers, {"group.id": "trajbus.read-range", "enable.auto.commit": False,
-                                                          "enable.partition.eof": True, "logger": log}))
+    consumer = reader(bootstrap_servers, {"group.id": "trajbus.read-range", "enable.partition.eof": True,
+                                          "logger": log})
     try:
         return [SourceRecord(topic, partition, m.offset(), m.key(), m.value(), list(m.headers() or []))
                 for m in read_partition(consumer, topic, partition, start, end)]

@@ -16,7 +16,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from trajbus.infra.kafka_config import client_config
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32, float("inf"))
 
 
@@ -108,14 +107,14 @@ def decode_snapshot(value: bytes) -> dict[str, Any]:
 
 def read_snapshots(bootstrap_servers: str, prefix: str, timeout: float = 10.0) -> list[dict[str, Any]]:
     """The newest snapshot of every worker that ever wrote one, read from the compacted stats topic."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
+    from trajbus.infra.clients import reader
     from trajbus.infra.topics import watermarks
     from trajbus.streams.topics import stats_topic
 
     topic = stats_topic(prefix)
-    consumer = Consumer(client_config(bootstrap_servers, {"group.id": f"{prefix}.stats-reader",
-                                                          "enable.auto.commit": False}))
+    consumer = reader(bootstrap_servers, {"group.id": f"{prefix}.stats-reader"})
     latest: dict[bytes, dict[str, Any]] = {}
     try:
         metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)

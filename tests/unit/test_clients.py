@@ -55,7 +55,8 @@ def test_the_connection_comes_first_from_this_process_or_as_given():
     assert clients.role_config("admin", "b:1")["sasl.username"] == "trainer"
     own = KafkaConnection("c:2", {"security.protocol": "SSL"})
     config = clients.role_config("admin", own)
-    assert config["bootstrap.servers"] == "c:2" and config["security.protocol"] == "SSL" and "sasl.username" not in config
+    assert (config["bootstrap.servers"], config["security.protocol"]) == ("c:2", "SSL")
+    assert "sasl.username" not in config
     assert "s3cret" not in repr(KafkaConnection.of("b:1")) and "sasl.username" in repr(KafkaConnection.of("b:1"))
 
 
