@@ -23,7 +23,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.topics import watermarks
-from trajbus.infra.kafka_config import KafkaUnreachable, client_config
+from trajbus.infra.clients import acked_producer, trainer_consumer
+from trajbus.infra.kafka_config import KafkaUnreachable
 from trajbus.infra.retry import retrying
 from trajbus.consumers import metrics
 from trajbus.consumers.backends import TrainingBackend
@@ -59,11 +60,9 @@ class BatchConsumer:
         self.topic = groups_topic(channel, prefix)
         self.bootstrap_servers = resolve_bootstrap_servers(bootstrap_servers)
         self.group_id = group_id or trainer_group_id(channel, prefix)
-        self._consumer = Consumer(client_config(self.bootstrap_servers, {
+        # No auto-commit (the role's default): commit() after the trainer used a batch, at-least-once.
+        self._consumer = trainer_consumer(self.bootstrap_servers, self.group_id, {
             "logger": log,  # librdkafka logs as structured Python log lines, not raw stderr
-            "group.id": self.group_id,
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,  # commit() after the trainer used a batch: at-least-once
             "fetch.wait.max.ms": 50,
             "queued.max.messages.kbytes": 16 * 1024,
             # A trainer that died frees its partitions in 10 s; one that trains for an
@@ -72,7 +71,7 @@ class BatchConsumer:
             "max.poll.interval.ms": 3600 * 1000,
             "fetch.max.bytes": 64 * 1024 * 1024,
             **config,
-        }))
+        })
         self._dlq: Producer | None = None
         self._chunks = ChunkReader(self.bootstrap_servers)
         self.backend = backend
@@ -228,19 +227,8 @@ class BatchConsumer:
                 self._consumer.seek(TopicPartition(self.topic, tp.partition, self._positions[tp.partition]))
 
     def _assign_own(self) -> None:
-        """A rank's partitions, each from its position, else the group's commit, else the log start. The
-        commits are asked here, through a coordinator's move (librdkafka does not ask again for assigned
-        partitions whose first look-up failed: they would never be fetched)."""
-        unknown = [TopicPartition(self.topic, p) for p in self.partitions or [] if p not in self._positions]
-        committed: dict[int, int] = {}
-        for attempt in retrying(self.outage_limit or 120.0, log, f"committed offsets of {self.group_id}"):
-            with attempt:
-                for tp in self._consumer.committed(unknown, timeout=10) if unknown else []:
-                    if tp.error is not None:
-                        raise KafkaException(tp.error)
-                    committed[tp.partition] = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-        self._consumer.assign([TopicPartition(self.topic, p, self._positions.get(p, committed.get(p, OFFSET_BEGINNING)))
-                               for p in self.partitions or []])
+        """A rank's partitions (``_start_offsets``)."""
+        self._consumer.assign(self._start_offsets(self.partitions or []))
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Resume where this consumer stands, not where the group last committed: a partition handed
@@ -248,10 +236,23 @@ class BatchConsumer:
         again what the trainer already got. Groups held for an unfinished batch are read again."""
         assigned = {tp.partition for tp in partitions}
         self._held = [held for held in self._held if held[1] not in assigned]
-        for tp in partitions:
-            if tp.partition in self._positions:  # after load_state_dict too: it sets the positions
-                tp.offset = self._positions[tp.partition]
-        consumer.assign(partitions)
+        consumer.assign(self._start_offsets(sorted(assigned)))
+
+    def _start_offsets(self, partitions: list[int]) -> list[TopicPartition]:
+        """Each partition from this consumer's position (after ``load_state_dict`` too), else the group's
+        commit, else the log start. The commits are asked here, retried through a coordinator's move:
+        librdkafka's own look-up, answered "not coordinator" once, leaves a partition unfetched for
+        good (librdkafka #5586; seen on a fresh 3-node cluster)."""
+        unknown = [TopicPartition(self.topic, p) for p in partitions if p not in self._positions]
+        committed: dict[int, int] = {}
+        for attempt in retrying(self.outage_limit or 120.0, log, f"committed offsets of {self.group_id}"):
+            with attempt:
+                for tp in self._consumer.committed(unknown, timeout=10) if unknown else []:
+                    if tp.error is not None:
+                        raise KafkaException(tp.error)
+                    committed[tp.partition] = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+        return [TopicPartition(self.topic, p, self._positions.get(p, committed.get(p, OFFSET_BEGINNING)))
+                for p in partitions]
 
     def _trimmed(self, message: Message) -> bool:
         """Prefetched, but since dropped from the log by the worker's queue bound: the
@@ -286,7 +287,7 @@ class BatchConsumer:
         except ValueError as exc:
             reason = f"undecodable: {exc}"
         if self._dlq is None:
-            self._dlq = Producer(client_config(self.bootstrap_servers, {"enable.idempotence": True, "logger": log}))
+            self._dlq = acked_producer(self.bootstrap_servers, {"logger": log})
         self._dlq.produce(dlq_topic(self.prefix), key=message.key(), value=message.value(),
                           headers=dlq_headers(message.headers(), reason, message.topic(),
                                               message.partition(), message.offset()))
