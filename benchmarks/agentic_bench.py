@@ -137,8 +137,10 @@ def recovery(bootstrap: str, prefix: str, workload: Workload, workdir: Path) -> 
             successor.stop()
 
 
-def run(workload: Workload, bootstrap: str, data_dir: Path | None, workdir: Path, batch_groups: int) -> dict:
-    """One workload: raw baseline, end to end, bytes per topic, the worker's peak memory."""
+def run(workload: Workload, bootstrap: str, data_dir: Path | None, workdir: Path, batch_groups: int,
+        with_recovery: bool = True) -> dict:
+    """One workload: raw baseline, end to end, bytes per topic, the worker's peak memory (and, for the
+    multi-turn one, recovery unless ``with_recovery`` is False)."""
     groups = generate(workload, seed=1)
     steps = turn_by_turn(groups, workload.turns)
     print(f"{workload.name}: {workload.describe()} ({len(steps)} steps) ...", flush=True)
@@ -163,7 +165,7 @@ def run(workload: Workload, bootstrap: str, data_dir: Path | None, workdir: Path
         result["bytes"] = {"steps": topic_bytes(data_dir, f"{prefix}.steps.train"),
                            "groups": topic_bytes(data_dir, f"{prefix}.groups.train"),
                            "changelog": topic_bytes(data_dir, f"{prefix}-worker-train-{STATE_TABLE}-changelog")}
-    if workload is MULTI_TURN:
+    if workload is MULTI_TURN and with_recovery:
         result["recovery_s"] = recovery(bootstrap, f"{prefix}-rec", workload, workdir)
     return result
 

@@ -21,9 +21,10 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from trajbus.consumers import BatchConsumer
+from trajbus.infra.clients import acked_producer, reader
 from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.infra.topics import TopicSpec, ensure_topics
 from trajbus.pipelines.processes import worker_process
@@ -38,15 +39,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def raw_round_trip(bootstrap: str, values: list[tuple[bytes, bytes]], partitions: int) -> float:
-    """Seconds to produce ``values`` (acknowledged) and consume them all back."""
+    """Seconds to produce ``values`` (acknowledged: idempotent, acks=all, as trajbus's producers) and
+    consume them all back through a plain topic of the cluster's replication."""
     topic = f"bench-raw-{uuid.uuid4().hex[:6]}"
     ensure_topics(bootstrap, [TopicSpec(topic, partitions)])
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic, "auto.offset.reset": "earliest",
-                         "fetch.wait.max.ms": 50, "logger": log})
-    consumer.subscribe([topic])
-    consumer.poll(1.0)  # join the group before the clock starts
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 1,
-                         "compression.type": "lz4", "partitioner": "murmur2_random", "logger": log})
+    consumer = reader(bootstrap, {"fetch.wait.max.ms": 50, "logger": log})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    producer = acked_producer(bootstrap, {"linger.ms": 1, "compression.type": "lz4",
+                                          "partitioner": "murmur2_random", "logger": log})
     start = time.perf_counter()
     for key, value in values:
         while True:
@@ -56,8 +56,10 @@ def raw_round_trip(bootstrap: str, values: list[tuple[bytes, bytes]], partitions
             except BufferError:
                 producer.poll(0.05)
     producer.flush(60)
-    received = 0
+    received, deadline = 0, time.monotonic() + 300
     while received < len(values):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"raw baseline: {received} of {len(values)} records consumed back in 300 s")
         message = consumer.poll(1.0)
         if message is not None and not message.error():
             received += 1

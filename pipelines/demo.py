@@ -192,7 +192,7 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
         policy_dir = workdir / "policy"
         shutil.copytree(tiny_model.build(), policy_dir)
         version = [0]
-        with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        with StepProducer(bootstrap_servers, settings=config.topic_settings(prefix)) as producer:
             producer.provision("train")
         publisher = PolicyVersionPublisher(bootstrap_servers, prefix=prefix)
         publisher.publish(0)

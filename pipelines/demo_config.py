@@ -17,6 +17,7 @@ from trajbus.gateway.config import GatewaySettings
 from trajbus.infra.declared import check_values, to_flags
 from trajbus.pipelines.global_dataset import GlobalDataset
 from trajbus.streams.settings import ChannelSettings, WorkerSettings, import_dotted
+from trajbus.streams.topics import TopicSettings
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
 ENVS = ("math", "calculator")
@@ -66,9 +67,19 @@ class DemoConfig:
     gateway: dict[str, Any] = field(default_factory=lambda: dict(DEMO_GATEWAY))
     """Settings of the gateway, by the names of its flags' fields (``gateway_flags``)."""
     report: Path = Path("demo-report.png")
+    replication_factor: int | None = None
+    """Replicas of the demo's topics (None: the cluster's default; one on the embedded broker)."""
+    min_insync_replicas: int | None = None
+    """``min.insync.replicas`` of the demo's topics (None: the cluster's default)."""
+
+    def topic_settings(self, prefix: str) -> TopicSettings:
+        return TopicSettings(prefix=prefix, replication_factor=self.replication_factor,
+                             min_insync_replicas=self.min_insync_replicas)
 
     def worker_flags(self) -> list[str]:
-        return to_flags(WORKER_SETTINGS, self.worker)
+        replication = [flag for name in ("replication_factor", "min_insync_replicas") if getattr(self, name)
+                       for flag in ("--" + name.replace("_", "-"), str(getattr(self, name)))]
+        return to_flags(WORKER_SETTINGS, self.worker) + replication
 
     def gateway_flags(self) -> list[str]:
         return to_flags(GATEWAY_SETTINGS, self.gateway)
@@ -120,6 +131,7 @@ def load_demo_config(path: str | Path | None = None) -> DemoConfig:
 
 
 def _check(config: DemoConfig) -> None:
+    config.topic_settings("demo")  # replication: positive, min.insync.replicas within it
     if not isinstance(config.policy_versions, int) or config.policy_versions < 1:
         raise ValueError(f"policy_versions: expected a positive integer, got {config.policy_versions!r}")
     if not config.rollout.env_groups:
