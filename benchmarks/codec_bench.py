@@ -15,6 +15,7 @@ from pathlib import Path
 
 from trajbus.streams import codec
 from trajbus.streams.records import Step
+from trajbus.pipelines.tables import print_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -56,15 +57,13 @@ def main(n: int = 300) -> list[dict]:
         }
         rows.append(row)
     print(f"\ncodec: {n} steps of 2048 prompt + 512 response tokens with log-probs (best of 3)")
-    print(f"{'vocab':>7} {'bytes/step json':>16} {'binary':>8} {'size ratio':>10} "
-          f"{'encode/s json':>14} {'binary':>8} {'ratio':>6} {'decode/s json':>14} {'binary':>8} {'ratio':>6}")
-    for r in rows:
-        print(f"{r['vocab']:>7} {r['json_bytes']:>16.0f} {r['binary_bytes']:>8.0f} "
-              f"{r['json_bytes'] / r['binary_bytes']:>9.2f}x "
-              f"{r['json_encode_per_s']:>14.0f} {r['binary_encode_per_s']:>8.0f} "
-              f"{r['binary_encode_per_s'] / r['json_encode_per_s']:>5.2f}x "
-              f"{r['json_decode_per_s']:>14.0f} {r['binary_decode_per_s']:>8.0f} "
-              f"{r['binary_decode_per_s'] / r['json_decode_per_s']:>5.2f}x")
+    print_table(["vocab", "bytes/step json", "binary", "size ratio", "encode/s json", "binary", "ratio",
+                 "decode/s json", "binary", "ratio"],
+                [[r["vocab"], f"{r['json_bytes']:.0f}", f"{r['binary_bytes']:.0f}",
+                  f"{r['json_bytes'] / r['binary_bytes']:.2f}x", f"{r['json_encode_per_s']:.0f}",
+                  f"{r['binary_encode_per_s']:.0f}", f"{r['binary_encode_per_s'] / r['json_encode_per_s']:.2f}x",
+                  f"{r['json_decode_per_s']:.0f}", f"{r['binary_decode_per_s']:.0f}",
+                  f"{r['binary_decode_per_s'] / r['json_decode_per_s']:.2f}x"] for r in rows])
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "codec.json").write_text(json.dumps(rows, indent=2))
     return rows

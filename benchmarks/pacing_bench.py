@@ -17,6 +17,7 @@ from pathlib import Path
 from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.pipelines.demo import DemoOutcome, run_demo
 from trajbus.pipelines.demo_config import load_demo_config
+from trajbus.pipelines.tables import print_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -48,16 +49,16 @@ def main() -> None:
         finally:
             broker.stop()
     print("\npacing: the demo without and with admission control (same config, same broker)")
-    print(f"{'run':<10} {'episodes':>8} {'rows trained':>12} {'used':>6} {'queue_full':>10} {'stale':>6} "
-          f"{'held':>5} {'429s':>5} {'trainer wait s':>14} {'wait/step':>9} {'wall s':>7}")
+    rows = []
     for run in runs:
         used = run["rows_trained"] / run["episodes_generated"] if run["episodes_generated"] else 0.0
         steps = len(run["versions"]) or 1
-        print(f"{'paced' if run['pacing'] else 'unpaced':<10} {run['episodes_generated']:>8} "
-              f"{run['rows_trained']:>12} {used:>6.0%} {run['dropped'].get('queue_full', 0):>10.0f} "
-              f"{run['dropped'].get('stale', 0):>6.0f} {run['held']:>5} {run['refusals_429']:>5} "
-              f"{run['trainer_wait_s']:>14.1f} "
-              f"{run['trainer_wait_s'] / steps:>9.1f} {run['wall_s']:>7.1f}")
+        rows.append(["paced" if run["pacing"] else "unpaced", run["episodes_generated"], run["rows_trained"],
+                     f"{used:.0%}", f"{run['dropped'].get('queue_full', 0):.0f}", f"{run['dropped'].get('stale', 0):.0f}",
+                     run["held"], run["refusals_429"], f"{run['trainer_wait_s']:.1f}",
+                     f"{run['trainer_wait_s'] / steps:.1f}", f"{run['wall_s']:.1f}"])
+    print_table(["run", "episodes", "rows trained", "used", "queue_full", "stale", "held", "429s", "trainer wait s",
+                 "wait/step", "wall s"], rows)
     paced, unpaced = runs[1], runs[0]
     ratio = paced["trainer_wait_s"] / unpaced["trainer_wait_s"] if unpaced["trainer_wait_s"] else float("nan")
     print(f"trainer wait, paced / unpaced: {ratio:.2f}x")
