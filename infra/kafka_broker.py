@@ -23,7 +23,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +31,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
+from trajbus.infra.local import free_port, pid_alive, port_is_free, reap
 from trajbus.infra.paths import default_state_dir, trajbus_cache_dir
 from trajbus.infra.tls import ensure_tls_files
 
@@ -109,39 +109,6 @@ class BrokerState:
 def new_cluster_id() -> str:
     """A KRaft cluster id: 16 random bytes, URL-safe base64 (it may start with "-")."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # As the JVM's server socket does: connections of the previous run still in
-        # TIME_WAIT must not make the port look taken.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-        return True
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); treat it as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return True
 
 
 class EmbeddedKafka:
@@ -260,7 +227,7 @@ class EmbeddedKafka:
         state = self.read_state()
         if state is None:
             return None
-        if not _pid_alive(state.pid):
+        if not pid_alive(state.pid):
             self.state_file.unlink(missing_ok=True)
             return None
         return state
@@ -315,7 +282,7 @@ class EmbeddedKafka:
         previous = self.state_dir / "ports.json"
         try:
             ports = json.loads(previous.read_text())
-            if _port_is_free(ports["port"]) and _port_is_free(ports["controller_port"]):
+            if port_is_free(ports["port"]) and port_is_free(ports["controller_port"]):
                 return ports["port"], ports["controller_port"]
         except (OSError, ValueError, KeyError):
             pass
@@ -406,25 +373,16 @@ class EmbeddedKafka:
         if state is None:
             return False
         stopped = False
-        if _pid_alive(state.pid):
+        if pid_alive(state.pid):
             os.kill(state.pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout
-            while _pid_alive(state.pid) and time.monotonic() < deadline:
-                _reap(state.pid)
+            while pid_alive(state.pid) and time.monotonic() < deadline:
+                reap(state.pid)
                 time.sleep(0.1)
-            if _pid_alive(state.pid):
+            if pid_alive(state.pid):
                 log.warning("kafka broker did not stop in %.0fs; killing it", timeout)
                 os.kill(state.pid, signal.SIGKILL)
-            _reap(state.pid)
+            reap(state.pid)
             stopped = True
         self.state_file.unlink(missing_ok=True)
         return stopped
-
-
-def _reap(pid: int) -> None:
-    """Collect the exit status when the broker is our own child (tests, demo)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajbus.infra.kafka_broker import (HOST, KAFKA_VERSION, BrokerError, BrokerState, ClusterNode, EmbeddedKafka,
-                                        free_port, new_cluster_id)
+                                        new_cluster_id)
+from trajbus.infra.local import free_port
 from trajbus.infra.paths import default_state_dir
 
 log = logging.getLogger(__name__)

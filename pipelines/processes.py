@@ -6,13 +6,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+
+from trajbus.infra.local import free_port
+
+__all__ = ["ServiceProcess", "free_port", "gateway_process", "inference_server_process", "scripted_engine_process",
+           "wait_http", "worker_process"]
 
 
 class ServiceProcess:
@@ -80,13 +84,6 @@ def worker_process(bootstrap_servers: str, prefix: str, log_file: Path | str, ch
          "--n-rollouts", str(n_rollouts), *(extra or [])],
         log_file,
     )
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (the OS's choice)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_http(url: str, timeout: float, process: ServiceProcess | None = None, status: int = 200) -> None:

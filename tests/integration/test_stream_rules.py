@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import urllib.request
 import uuid
 from pathlib import Path
@@ -20,6 +19,7 @@ from confluent_kafka import Producer
 
 from trajbus.consumers import BatchConsumer
 from trajbus.consumers.replay import Replay
+from trajbus.infra.local import free_port
 from trajbus.pipelines.processes import worker_process
 from trajbus.streams import codec
 from trajbus.streams.dlq import REASON, SOURCE_TOPIC
@@ -36,13 +36,7 @@ from tests.helpers import fetch_groups, read_to_end, trajbus, wait_for
 CHANNELS = "train,stale,tagged,flat,custom,timeout,big"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-METRICS_PORT = _free_port()
+METRICS_PORT = free_port()
 RULES = [
     "stale.max_staleness=1", "tagged.max_staleness=1", "tagged.stale_action=tag",
     "flat.drop_equal_rewards=true", "custom.group_filter=tests.group_filters:drop_marked",
