@@ -141,12 +141,16 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
     async def handle(self, event: faust.EventT) -> None:
         """Apply one event. An error never skips it: the partition's unflushed changes are dropped
         (``apply_at``) and the event is handled again, with backoff, through a leader election or a
-        restart of a broker, for up to ``broker_outage_limit`` seconds; past that the error stops the
-        agent, and the event is read again from the saved position."""
+        restart of a broker, for up to ``broker_outage_limit`` seconds (unless its partition moved to
+        another worker meanwhile); past that the error stops the agent, and the event is read again
+        from the saved position."""
         message = event.message
         where = f"event {message.topic}[{message.partition}]@{message.offset}"
         async for attempt in retrying_async(self.settings.broker_outage_limit, log, where):
             with attempt:
+                if attempt.retry_state.attempt_number > 1 and message.partition not in self.active_partitions():
+                    log.info("%s: its partition moved to another worker, which applies it", where)
+                    return
                 await self.handle_once(message)
 
     async def handle_once(self, message: Any) -> None:

@@ -78,3 +78,36 @@ def test_a_partition_is_read_directly_only_once_its_position_stops_moving_behind
     assert not positions.stalled("train", 5, 10)  # caught up
     positions.forget()
     assert not positions.stalled("train", 5, 20)
+
+
+def test_an_event_that_fails_half_way_is_applied_again_from_the_saved_position() -> None:
+    """The worker's no-skip rule (``GroupAssembler.apply_at``): a failure drops the partition's unflushed
+    changes and its in-memory position, so the next try starts at the saved position, this event included;
+    other partitions keep theirs."""
+    from types import SimpleNamespace
+
+    from trajbus.streams.app import GroupAssembler
+    from trajbus.streams.stats import WorkerMetrics
+
+    table = {StateKey(3, "o", "train").encode(): b"9", StateKey(4, "o", "train").encode(): b"19"}
+    assembler = GroupAssembler.__new__(GroupAssembler)  # the parts apply_at uses, without a Faust app
+    assembler.positions, assembler.metrics = new_positions(table, []), WorkerMetrics()
+    assembler.pending, assembler.reconciled = {3: {b"k": "changed"}, 4: {b"j": "kept"}}, {3, 4}
+    asyncio.run(assembler.positions.start_of("train", 3))
+    asyncio.run(assembler.positions.start_of("train", 4))
+    failures = [ConnectionError("leader moved")]
+
+    async def process(channel: str, partition: int, message: object) -> None:
+        if failures:
+            raise failures.pop()
+
+    assembler.process = process  # type: ignore[method-assign]
+    event = SimpleNamespace(offset=10)
+    assembler.positions.advance("train", 3, 10)  # an earlier event applied, not yet saved
+    with pytest.raises(ConnectionError):
+        asyncio.run(assembler.apply_at("train", 3, SimpleNamespace(offset=11)))
+    assert assembler.positions.known("train", 3) == 10, "the failed event's partition restarts at its saved position"
+    assert 3 not in assembler.pending and 3 not in assembler.reconciled
+    assert assembler.positions.known("train", 4) == 20 and assembler.pending[4] and 4 in assembler.reconciled
+    asyncio.run(assembler.apply_at("train", 3, event))
+    assert assembler.positions.known("train", 3) == 11
