@@ -28,22 +28,25 @@ def _log_retry(logger: logging.Logger, what: str) -> Any:
     return before_sleep
 
 
-def _policy(limit: float, logger: logging.Logger, what: str, permanent: tuple[type[BaseException], ...]
+Errors = tuple[type[BaseException], ...]
+
+
+def _policy(limit: float, logger: logging.Logger, what: str, permanent: Errors, transient: Errors
             ) -> dict[str, Any]:
     return {"wait": wait_exponential(multiplier=FIRST_WAIT, max=MAX_WAIT), "stop": stop_after_delay(limit),
-            "retry": retry_if_exception_type(Exception) & retry_if_not_exception_type(permanent),
+            "retry": retry_if_exception_type(transient) & retry_if_not_exception_type(permanent),
             "before_sleep": _log_retry(logger, what), "reraise": True}
 
 
-def retrying_async(limit: float, logger: logging.Logger, what: str,
-                   permanent: tuple[type[BaseException], ...] = ()) -> AsyncRetrying:
-    """``async for attempt in retrying_async(...): with attempt: ...``: asyncio code, retried unless the
-    error is one of ``permanent`` (bad input, which no retry mends)."""
-    return AsyncRetrying(**_policy(limit, logger, what, permanent))
+def retrying_async(limit: float, logger: logging.Logger, what: str, permanent: Errors = (),
+                   transient: Errors = (Exception,)) -> AsyncRetrying:
+    """``async for attempt in retrying_async(...): with attempt: ...``: asyncio code, retried when the
+    error is one of ``transient`` and not one of ``permanent`` (bad input, which no retry mends)."""
+    return AsyncRetrying(**_policy(limit, logger, what, permanent, transient))
 
 
-def retrying(limit: float, logger: logging.Logger, what: str,
-             permanent: tuple[type[BaseException], ...] = ()) -> Retrying:
-    """``for attempt in retrying(...): with attempt: ...``: blocking code, retried unless the error is
-    one of ``permanent``."""
-    return Retrying(**_policy(limit, logger, what, permanent))
+def retrying(limit: float, logger: logging.Logger, what: str, permanent: Errors = (),
+             transient: Errors = (Exception,)) -> Retrying:
+    """``for attempt in retrying(...): with attempt: ...``: blocking code, retried when the error is one
+    of ``transient`` and not one of ``permanent``."""
+    return Retrying(**_policy(limit, logger, what, permanent, transient))

@@ -25,6 +25,7 @@ from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.kafka_config import KafkaUnreachable, connection_properties, redacted
 from trajbus.infra.logs import FORMAT
 from trajbus.infra.outage import OutageWatch
+from trajbus.infra.retry import retrying
 from trajbus.infra.topics import TopicSpec, ensure_topics
 from trajbus.streams.app import GroupAssembler, build_app
 from trajbus.streams.settings import WorkerSettings
@@ -52,21 +53,19 @@ def _logging_config(faust_level: str) -> dict:
 def _provision(servers: str, specs: list[TopicSpec], outage_limit: float) -> None:
     """Create the topics, waiting for Kafka while the outage (begun before a restart, or now) is in bounds.
     A replication the cluster cannot hold is a configuration error: it stops the worker at once."""
-    since = float(os.environ.pop(OUTAGE_SINCE, "0") or 0) or None
-    while True:
-        try:
-            ensure_topics(servers, specs, timeout=10.0)
-            if since is not None:
-                log.info("kafka reachable again after %.0fs outage; worker starting", time.time() - since)
-            return
-        except (KafkaException, RuntimeError) as exc:
-            since = since or time.time()
-            if time.time() - since > outage_limit:
-                raise KafkaUnreachable(f"Kafka at {servers} unreachable for {time.time() - since:.0f}s "
-                                       f"(--broker-outage-limit {outage_limit:g}): {exc}") from None
-            log.warning("waiting for kafka at %s (outage %.0fs of %gs): %s", servers, time.time() - since,
-                        outage_limit, exc)
-            time.sleep(1.0)
+    carried = float(os.environ.pop(OUTAGE_SINCE, "0") or 0)
+    since = carried or time.time()
+    attempts = retrying(max(0.0, outage_limit - (time.time() - since)), log,  # the one retry policy
+                        f"provisioning the worker's topics at {servers}", transient=(KafkaException, RuntimeError))
+    try:
+        for attempt in attempts:
+            with attempt:
+                ensure_topics(servers, specs, timeout=10.0)
+    except (KafkaException, RuntimeError) as exc:
+        raise KafkaUnreachable(f"Kafka at {servers} unreachable for {time.time() - since:.0f}s "
+                               f"(--broker-outage-limit {outage_limit:g}): {exc}") from None
+    if carried or attempts.statistics.get("attempt_number", 1) > 1:
+        log.info("kafka reachable again after %.0fs outage; worker starting", time.time() - since)
 
 
 def worker_topics(assembler: GroupAssembler) -> list[TopicSpec]:

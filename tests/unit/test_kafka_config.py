@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import pytest
 
@@ -88,6 +89,33 @@ def test_a_crash_from_a_lost_connection_is_told_from_any_other():
     except RuntimeError as crash:
         assert _lost_kafka(crash)
     assert not _lost_kafka(ValueError("a bug")) and not _lost_kafka(None)
+
+
+def test_the_worker_waits_for_kafka_under_the_one_retry_policy_and_counts_the_whole_outage(monkeypatch):
+    """Provisioning is retried while the outage, begun before a restart, is within the limit; past it,
+    ``KafkaUnreachable``; a replication the cluster cannot hold is not retried."""
+    from confluent_kafka import KafkaException
+
+    from trajbus.infra.kafka_config import KafkaUnreachable
+    from trajbus.infra.topics import ReplicationError
+    from trajbus.streams import worker
+
+    failures = [KafkaException("down"), KafkaException("down")]
+
+    def ensure(servers, specs, timeout):
+        if failures:
+            raise failures.pop()
+
+    monkeypatch.setattr(worker, "ensure_topics", ensure)
+    worker._provision("b:1", [], outage_limit=30)
+    assert not failures  # two failures waited out
+    failures.append(KafkaException("still down"))
+    monkeypatch.setenv(worker.OUTAGE_SINCE, str(time.time() - 100))  # the restart's outage began 100 s ago
+    with pytest.raises(KafkaUnreachable, match=r"unreachable for 100s \(--broker-outage-limit 30\)"):
+        worker._provision("b:1", [], outage_limit=30)
+    failures.append(ReplicationError("3 replicas asked, 1 broker"))
+    with pytest.raises(ReplicationError):
+        worker._provision("b:1", [], outage_limit=30)
 
 
 
