@@ -12,8 +12,15 @@ requests/s and the added latency, per concurrency level and per turn number
 (the cost of a call must not grow with the conversation), the latter also for a
 gateway with ``--multi-turn render``, which re-renders the conversation at every call.
 
+CPU per call (``benchmarks.cpu_meter``): the gateway's, the engine's, the broker's and the
+benchmark client's own CPU seconds (kernel accounting, not wall time) over each measured
+phase, divided by its calls; per concurrency level, and per turn from a phase of one agent
+that sends every open conversation's turn n, then turn n + 1 (so each turn is its own phase).
+Beside the added latency: the acknowledged produce of one whole 8k-token step, measured in
+the same run, and the issue-25 targets with the measured figure and whether it is met.
+
 Uses TRAJBUS_BOOTSTRAP_SERVERS when set, else a throw-away embedded broker.
-Prints two tables and writes benchmarks/results/gateway.json.
+Prints four tables and writes benchmarks/results/gateway.json.
 """
 
 from __future__ import annotations
@@ -31,17 +38,24 @@ from typing import Awaitable, Callable
 import httpx
 
 from benchmarks.assembly_bench import RESULTS, percentile
+from benchmarks.cpu_meter import CpuMeter
 from trajbus.gateway.backends import KEEPALIVE_SECONDS, request_body
 from trajbus.infra import tiny_model
 from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.pipelines.processes import ServiceProcess, free_port, gateway_process, scripted_engine_process, wait_http
 from trajbus.pipelines.tables import print_table
+from trajbus.streams.producer import StepProducer
+from trajbus.streams.records import Step
 
 TURNS = 10
 REPLY = ("Checked the file; the failing assertion compares the parsed header against the raw bytes, so "
          "the fix is to decode first. Next I will run the tests again and read the output. " * 2)[:300]
 OBSERVATION = "$ pytest -q tests/test_parser.py\n" + "F.. assertion failed: header mismatch at offset 42\n" * 14
 LEVELS = (1, 32, 256)
+TURN_CONVERSATIONS = 40
+"""Conversations of the per-turn CPU phase: each turn's phase is this many calls (the kernel counts
+CPU in 10 ms ticks, so a per-call figure needs a phase of many calls)."""
+PRODUCE_SAMPLES = 100
 
 
 def conversation() -> list[list[dict]]:
@@ -55,8 +69,9 @@ def conversation() -> list[list[dict]]:
     return turns
 
 
-def engine_prompts(model_dir: Path, turns: list[list[dict]]) -> list[list[int]]:
-    """The prompt ids the gateway sends the engine at each turn (for the direct baseline)."""
+def engine_prompts(model_dir: Path, turns: list[list[dict]]) -> tuple[list[list[int]], list[int]]:
+    """The prompt ids the gateway sends the engine at each turn (for the direct baseline), and the
+    reply's ids."""
     from transformers import AutoTokenizer
 
     from trajbus.gateway.conversation import PromptBuilder
@@ -68,10 +83,31 @@ def engine_prompts(model_dir: Path, turns: list[list[dict]]) -> list[list[int]]:
     for messages in turns:
         prompts.append(builder.build(messages, None, said, context).ids)
         said, context = messages + [{"role": "assistant", "content": REPLY}], prompts[-1] + reply
-    return prompts
+    return prompts, reply
 
 
 Call = Callable[[httpx.AsyncClient, int, int], Awaitable[httpx.Response]]
+PROCESSES = ("gateway", "engine", "broker", "client")
+"""Whose CPU a phase reports (the broker only when this benchmark started it)."""
+
+
+def calls(engine: str, urls: list[str], turns: list[list[dict]], prompts: list[list[int]]) -> tuple[Call, Call]:
+    """The direct call (the request the gateway makes the engine) and the agent's call through the gateway."""
+
+    def direct(c: httpx.AsyncClient, _conversation: int, turn: int) -> Awaitable[httpx.Response]:
+        return c.post(f"http://{engine}/v1/completions",
+                      json=request_body(prompts[turn], {"max_tokens": 512}, None, stream=False))
+
+    def via(c: httpx.AsyncClient, conversation: int, turn: int) -> Awaitable[httpx.Response]:
+        return c.post(f"{urls[conversation]}/chat/completions",
+                      json={"model": "bench", "messages": turns[turn], "max_tokens": 512})
+
+    return direct, via
+
+
+async def open_trajectories(client: httpx.AsyncClient, gateway: str, count: int) -> list[str]:
+    """``count`` new trajectories' black-box base URLs (opened before a phase, so not measured)."""
+    return [(await client.post(f"{gateway}/init_trajectory", json={})).json()["base_url"] for _ in range(count)]
 
 
 async def run(client: httpx.AsyncClient, agents: int, rounds: int, call: Call) -> tuple[dict[int, list[float]], float]:
@@ -92,27 +128,23 @@ async def run(client: httpx.AsyncClient, agents: int, rounds: int, call: Call) -
 
 
 async def level(client: httpx.AsyncClient, engine: str, gateway: str, agents: int, rounds: int,
-                turns: list[list[dict]], prompts: list[list[int]]) -> tuple[dict, list[dict]]:
-    """One concurrency level: a row for the table, and the per-turn medians."""
-    urls = [(await client.post(f"{gateway}/init_trajectory", json={})).json()["base_url"]
-            for _ in range(agents * rounds)]
-
-    def direct(c: httpx.AsyncClient, _conversation: int, turn: int) -> Awaitable[httpx.Response]:
-        return c.post(f"http://{engine}/v1/completions",  # the request the gateway makes
-                      json=request_body(prompts[turn], {"max_tokens": 512}, None, stream=False))
-
-    def via(c: httpx.AsyncClient, conversation: int, turn: int) -> Awaitable[httpx.Response]:
-        return c.post(f"{urls[conversation]}/chat/completions",
-                      json={"model": "bench", "messages": turns[turn], "max_tokens": 512})
-
+                turns: list[list[dict]], prompts: list[list[int]], meter: CpuMeter) -> tuple[dict, list[dict]]:
+    """One concurrency level: a row for the table (with each process's CPU per call on either path),
+    and the per-turn medians."""
+    direct, via = calls(engine, await open_trajectories(client, gateway, agents * rounds), turns, prompts)
+    before = meter.snapshot()
     direct_turns, direct_s = await run(client, agents, rounds, direct)
+    direct_cpu = meter.since(before)
+    before = meter.snapshot()
     via_turns, via_s = await run(client, agents, rounds, via)
+    via_cpu = meter.since(before)
     d = [x for xs in direct_turns.values() for x in xs]
     g = [x for xs in via_turns.values() for x in xs]
     row = {"agents": agents, "requests": len(g),
            "direct_p50_ms": 1000 * statistics.median(d), "direct_p99_ms": 1000 * percentile(d, 0.99),
            "gateway_p50_ms": 1000 * statistics.median(g), "gateway_p99_ms": 1000 * percentile(g, 0.99),
-           "direct_rps": len(d) / direct_s, "gateway_rps": len(g) / via_s}
+           "direct_rps": len(d) / direct_s, "gateway_rps": len(g) / via_s,
+           "cpu": {"direct": direct_cpu.summary(len(d)), "gateway": via_cpu.summary(len(g))}}
     row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
     row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
     row["throughput_ratio"] = row["gateway_rps"] / row["direct_rps"]
@@ -121,28 +153,101 @@ async def level(client: httpx.AsyncClient, engine: str, gateway: str, agents: in
                  "gateway_p50_ms": 1000 * statistics.median(via_turns[t])} for t in range(TURNS)]
     for entry in per_turn:
         entry["added_p50_ms"] = entry["gateway_p50_ms"] - entry["direct_p50_ms"]
-    print(f"  {agents} agents done: direct {row['direct_rps']:.0f} req/s, gateway {row['gateway_rps']:.0f} req/s",
-          flush=True)
+    gateway_ms = row["cpu"]["gateway"]["cpu_ms_per_call"]["gateway"]
+    print(f"  {agents} agents done: direct {row['direct_rps']:.0f} req/s, gateway {row['gateway_rps']:.0f} req/s, "
+          f"gateway CPU {gateway_ms:.1f} ms/call", flush=True)
     return row, per_turn
 
 
+async def turn_costs(client: httpx.AsyncClient, engine: str, gateway: str, turns: list[list[dict]],
+                     prompts: list[list[int]], meter: CpuMeter) -> list[dict]:
+    """CPU per call at each turn: one agent sends turn n of every open conversation (one phase, directly
+    and through the gateway), then turn n + 1; the conversations are open at once, as at 32 agents."""
+    direct, via = calls(engine, await open_trajectories(client, gateway, TURN_CONVERSATIONS), turns, prompts)
+    costs = []
+    for turn in range(TURNS):
+        entry = {"turn": turn + 1, "prompt_tokens": len(prompts[turn])}
+        for path, call in (("direct", direct), ("gateway", via)):
+            before = meter.snapshot()
+            for conversation in range(TURN_CONVERSATIONS):
+                (await call(client, conversation, turn)).raise_for_status()
+            entry[path] = meter.since(before).summary(TURN_CONVERSATIONS)
+        costs.append(entry)
+    turn_10 = costs[-1]["gateway"]["cpu_ms_per_call"]["gateway"]
+    print(f"  per-turn CPU done: gateway {turn_10:.1f} ms/call at turn {TURNS}", flush=True)
+    return costs
+
+
 async def measure(engine: str, gateway: str, rendering: str, turns: list[list[dict]],
-                  prompts: list[list[int]]) -> dict:
+                  prompts: list[list[int]], meter: CpuMeter) -> dict:
     """Every level through the gateway; then one agent through a gateway that re-renders every call
     (``--multi-turn render``), to show what cumulative prompts save per turn."""
     limits = httpx.Limits(max_connections=600, max_keepalive_connections=600, keepalive_expiry=KEEPALIVE_SECONDS)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         for url in (gateway, rendering):
-            await level(client, engine, url, 1, 2, turns, prompts)  # warm-up, not reported
-        _, rendered = await level(client, engine, rendering, 1, 10, turns, prompts)
+            await level(client, engine, url, 1, 2, turns, prompts, meter)  # warm-up, not reported
+        _, rendered = await level(client, engine, rendering, 1, 10, turns, prompts, meter)
+        turn_cpu = await turn_costs(client, engine, gateway, turns, prompts, meter)
         rows, per_turn = [], []
         for agents in LEVELS:
-            row, turn_rows = await level(client, engine, gateway, agents, 10 if agents == 1 else 1, turns, prompts)
+            row, turn_rows = await level(client, engine, gateway, agents, 10 if agents == 1 else 1, turns, prompts,
+                                         meter)
             rows.append(row)
             per_turn = per_turn or turn_rows  # per turn: the single agent, undisturbed
-    for entry, other in zip(per_turn, rendered):
+    for entry, other, cpu in zip(per_turn, rendered, turn_cpu):
         entry["render_added_p50_ms"] = other["added_p50_ms"]
+        entry["cpu"] = {"direct": cpu["direct"], "gateway": cpu["gateway"]}
     return {"levels": rows, "per_turn": per_turn}
+
+
+def produce_latency(bootstrap: str, prompt: list[int], reply: list[int]) -> dict:
+    """Acknowledged produce of one whole step (prompt + reply of the last turn, a new trajectory each so
+    no prefix reference), one call at a time: the least a gateway call waits for its Step."""
+    latencies = []
+    with StepProducer(bootstrap, prefix=f"bench-produce-{uuid.uuid4().hex[:6]}") as producer:
+        producer.provision("train")
+        for index in range(PRODUCE_SAMPLES + 5):  # the first 5 warm the connection up
+            uid = uuid.uuid4().hex
+            step = Step(prompt_ids=prompt, response_ids=reply, trajectory_uid=uid, prompt_uid=uid)
+            started = time.perf_counter()
+            producer.submit_steps([step], channel="train")
+            if index >= 5:
+                latencies.append(time.perf_counter() - started)
+    return {"tokens": len(prompt) + len(reply), "samples": len(latencies),
+            "p50_ms": 1000 * statistics.median(latencies), "p99_ms": 1000 * percentile(latencies, 0.99)}
+
+
+def targets(result: dict) -> list[dict]:
+    """Issue 25's targets, each with the measured figure and whether it is met (compared unrounded)."""
+    levels = {row["agents"]: row for row in result["levels"]}
+    turn_10 = next(t for t in result["per_turn"] if t["turn"] == 10)["cpu"]["gateway"]["cpu_ms_per_call"]["gateway"]
+    produce, added = result["produce"]["p50_ms"], levels[1]["added_p50_ms"]
+    rps_32, rps_256 = levels[32]["gateway_rps"], levels[256]["gateway_rps"]
+    checks = [
+        ("gateway CPU per call at turn 10", "<= 2 ms", f"{turn_10:.2f} ms", turn_10 <= 2.0),
+        ("added p50 at 1 agent", f"<= produce p50 + 2 ms = {produce + 2:.2f} ms", f"{added:.2f} ms",
+         added <= produce + 2.0),
+        ("throughput at 32 agents / direct", ">= 0.8x", f"{levels[32]['throughput_ratio']:.3f}x",
+         levels[32]["throughput_ratio"] >= 0.8),
+        ("throughput at 256 agents / direct", ">= 0.8x", f"{levels[256]['throughput_ratio']:.3f}x",
+         levels[256]["throughput_ratio"] >= 0.8),
+        ("throughput at 256 agents / at 32", ">= 1.0x",
+         f"{rps_256 / rps_32:.3f}x ({rps_256:.1f} vs {rps_32:.1f} req/s)", rps_256 >= rps_32),
+    ]
+    return [{"target": name, "bound": bound, "measured": measured, "met": met} for name, bound, measured, met in checks]
+
+
+def _ms(figures: dict[str, float], name: str) -> str:
+    return f"{figures[name]:.2f} ms" if name in figures else "-"
+
+
+def cpu_cells(summary: dict, rate: bool = False) -> list[str]:
+    """(The phase's calls per second,) CPU ms per call of each process, their sum, and the cores they and
+    the whole machine kept busy."""
+    ms, cores = summary["cpu_ms_per_call"], summary["cores"]
+    return [*([f"{summary['calls'] / summary['wall_s']:.1f}"] if rate else []),
+            *(_ms(ms, name) for name in PROCESSES), f"{sum(ms.values()):.2f} ms",
+            f"{sum(v for k, v in cores.items() if k != 'machine'):.2f}", f"{cores['machine']:.2f}"]
 
 
 def print_tables(result: dict) -> None:
@@ -153,24 +258,42 @@ def print_tables(result: dict) -> None:
                   f"{r['gateway_rps']:.1f}", f"{r['added_p50_ms']:.2f} ms", f"{r['added_p99_ms']:.0f} ms",
                   f"{r['throughput_ratio']:.2f}x"] for r in result["levels"]])
     print()
-    print_table(["turn", "prompt tokens", "direct p50", "gateway p50", "added p50", "added p50, --multi-turn render"],
+    cpu_columns = [f"{name} CPU/call" for name in PROCESSES] + ["sum CPU/call", "cores (these)", "cores (machine)"]
+    print_table(["agents", "path", "calls", "req/s", *cpu_columns],
+                [[r["agents"], path, r["cpu"][path]["calls"], *cpu_cells(r["cpu"][path], rate=True)]
+                 for r in result["levels"] for path in ("direct", "gateway")],
+                title="CPU per call by process (user + system, the kernel's accounting), per concurrency")
+    print()
+    print_table(["turn", "prompt tokens", "direct p50", "gateway p50", "added p50", "added p50, --multi-turn render",
+                 *(f"{name} CPU/call" for name in PROCESSES), "direct: engine CPU/call", "direct: client CPU/call"],
                 [[t["turn"], t["prompt_tokens"], f"{t['direct_p50_ms']:.2f} ms", f"{t['gateway_p50_ms']:.2f} ms",
-                  f"{t['added_p50_ms']:.2f} ms", f"{t['render_added_p50_ms']:.2f} ms"] for t in result["per_turn"]],
-                title="1 agent, by turn number")
+                  f"{t['added_p50_ms']:.2f} ms", f"{t['render_added_p50_ms']:.2f} ms",
+                  *(_ms(t["cpu"]["gateway"]["cpu_ms_per_call"], name) for name in PROCESSES),
+                  _ms(t["cpu"]["direct"]["cpu_ms_per_call"], "engine"),
+                  _ms(t["cpu"]["direct"]["cpu_ms_per_call"], "client")] for t in result["per_turn"]],
+                title=f"1 agent, by turn number (CPU: {TURN_CONVERSATIONS} calls per turn, one at a time)")
+    produce, one = result["produce"], result["levels"][0]
+    print(f"\nacknowledged produce of one {produce['tokens']}-token step, one at a time: "
+          f"p50 {produce['p50_ms']:.2f} ms, p99 {produce['p99_ms']:.2f} ms; "
+          f"the gateway's added p50 at 1 agent: {one['added_p50_ms']:.2f} ms\n")
+    print_table(["issue 25 target", "bound", "measured", "met"],
+                [[t["target"], t["bound"], t["measured"], "yes" if t["met"] else "MISSED"] for t in result["targets"]],
+                title="Targets (instant engine, this machine)")
 
 
 def main() -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="trajbus-bench-gateway-"))
-    broker = None
+    broker, pids = None, {}
     bootstrap = os.environ.get("TRAJBUS_BOOTSTRAP_SERVERS")
     processes: list[ServiceProcess] = []
     try:
         if not bootstrap:
             broker = EmbeddedKafka(state_dir=workdir / "broker")
-            bootstrap = broker.start().bootstrap_servers
+            state = broker.start()
+            bootstrap, pids["broker"] = state.bootstrap_servers, state.pid
         model = tiny_model.build()
         turns = conversation()
-        prompts = engine_prompts(model, turns)
+        prompts, reply = engine_prompts(model, turns)
         engine_port, gateway_port, rendering_port = free_port(), free_port(), free_port()
         engine = scripted_engine_process(engine_port, workdir, model, [REPLY]).start()
         processes.append(engine)
@@ -182,10 +305,13 @@ def main() -> dict:
             processes.append(gateway)
             wait_http(f"http://127.0.0.1:{port}/ready", 120, gateway)
         wait_http(f"http://127.0.0.1:{engine_port}/health", 120, engine)
+        meter = CpuMeter({**pids, "engine": engine.pid, "gateway": processes[1].pid})
         print(f"\ngateway: {TURNS}-turn conversations growing to {len(prompts[-1])} prompt tokens, "
               f"{len(REPLY)}-token replies from an instant engine; direct vs through the gateway")
         result = asyncio.run(measure(f"127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}",
-                                     f"http://127.0.0.1:{rendering_port}", turns, prompts))
+                                     f"http://127.0.0.1:{rendering_port}", turns, prompts, meter))
+        result["produce"] = produce_latency(bootstrap, prompts[-1], reply)
+        result["targets"] = targets(result)
     finally:
         for process in reversed(processes):
             process.stop()
