@@ -52,9 +52,9 @@ REPLY = ("Checked the file; the failing assertion compares the parsed header aga
          "the fix is to decode first. Next I will run the tests again and read the output. " * 2)[:300]
 OBSERVATION = "$ pytest -q tests/test_parser.py\n" + "F.. assertion failed: header mismatch at offset 42\n" * 14
 LEVELS = (1, 32, 256)
-TURN_CONVERSATIONS = 40
+TURN_CONVERSATIONS = 100
 """Conversations of the per-turn CPU phase: each turn's phase is this many calls (the kernel counts
-CPU in 10 ms ticks, so a per-call figure needs a phase of many calls)."""
+CPU in 10 ms ticks, so a per-call figure is exact to 0.1 ms at 100 calls, to 0.25 ms at 40)."""
 PRODUCE_SAMPLES = 100
 
 
