@@ -70,6 +70,10 @@ _BROKER_PROPERTIES = {
 }
 
 
+PORT_WAIT = 10.0
+"""Seconds a restarted broker waits for its previous ports before it takes new ones."""
+
+
 class BrokerError(RuntimeError):
     """The embedded broker could not be installed, started or stopped."""
 
@@ -282,10 +286,17 @@ class EmbeddedKafka:
         previous = self.state_dir / "ports.json"
         try:
             ports = json.loads(previous.read_text())
+        except (OSError, ValueError):
+            ports = {}
+        deadline = time.monotonic() + PORT_WAIT
+        while "port" in ports:  # a moment for the previous run's sockets to go
             if port_is_free(ports["port"]) and port_is_free(ports["controller_port"]):
                 return ports["port"], ports["controller_port"]
-        except (OSError, ValueError, KeyError):
-            pass
+            if time.monotonic() > deadline:
+                log.warning("ports %d/%d of the previous run are taken: the broker moves, and its clients "
+                            "need its new address", ports["port"], ports["controller_port"])
+                break
+            time.sleep(0.2)
         port, controller_port = free_port(), free_port()
         while controller_port == port:
             controller_port = free_port()

@@ -4,16 +4,41 @@ cluster nodes, workers, gateways, test servers): one place, not one copy per cal
 from __future__ import annotations
 
 import os
+import random
 import socket
+from pathlib import Path
 
 import psutil
 
 LOOPBACK = "127.0.0.1"
+LOWEST_PORT = 10000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_ports() -> range:
+    """The ports the kernel gives outgoing connections (Linux's default where it does not say)."""
+    try:
+        low, high = map(int, EPHEMERAL_RANGE.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
 
 
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port nobody listens on right now (the OS's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A TCP port nobody listens on now, for a server that must come back on the same address.
+
+    Chosen outside the kernel's ephemeral range: while the server is down, clients reconnecting to it
+    take ephemeral ports, and one could take the server's own (on loopback a connect to a closed
+    port in that range can even connect to itself), so the restarted server could not listen there
+    (seen: a broker killed five times came back on another port, and its clients waited for good).
+    """
+    ephemeral = ephemeral_ports()
+    chooser = random.SystemRandom()
+    for _ in range(1000):
+        port = chooser.randrange(LOWEST_PORT, 65536)
+        if port not in ephemeral and port_is_free(port, host):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # no luck: the kernel's choice
         sock.bind((host, 0))
         return sock.getsockname()[1]
 

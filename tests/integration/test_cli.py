@@ -27,3 +27,20 @@ def test_bad_command_line_input_exits_2(args, says):
     result = trajbus(*args, "--bootstrap-servers", "127.0.0.1:9")
     assert result.returncode == 2, result.stderr
     assert says in result.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--replication-factor", "2"], "replication factor 2 needs 2 brokers, the cluster has 1 available"),
+    (["--replication-factor", "1", "--min-insync-replicas", "2"], "min_insync_replicas: 2 is above the replication"),
+    (["--nodes", "10"], "out of range (1 to 9 nodes)"),
+])
+def test_a_replication_the_cluster_cannot_hold_is_refused_before_anything_is_written(
+        args, says, bootstrap_servers, prefix):
+    from trajbus.infra.topics import describe_topics
+
+    command = ["broker", "up", *args] if args[0] == "--nodes" else \
+        ["topics", "--create", "--prefix", prefix, "--bootstrap-servers", bootstrap_servers, *args]
+    result = trajbus(*command)
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr and len(result.stderr.strip().splitlines()) <= 2, result.stderr
+    assert describe_topics(bootstrap_servers, prefix=f"{prefix}.") == []

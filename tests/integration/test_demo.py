@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,8 @@ def test_demo_trains_policy_versions_through_the_whole_system(bootstrap_servers,
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     assert "[5/6] policy v1:" in out and "[5/6] policy v2:" in out
-    table = out[out.index("version groups"):].splitlines()
-    rows = [line.split() for line in table[1:3]]
+    table = out[re.search(r"version +groups", out).start():].splitlines()
+    rows = [line.split() for line in table[2:4]]  # after the header and its rule
     assert [r[0] for r in rows] == ["1", "2"] and all(r[1] == "2" for r in rows), table
     assert rows[0][7] != rows[1][7], "the policy's loss (nll of its rollouts) changes between versions"
     assert "reward by the policy version that generated the rollout: v0:" in out
