@@ -12,6 +12,7 @@ bearer token when one is set; a black-box URL is its own capability.
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import time
@@ -21,6 +22,8 @@ from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -28,15 +31,28 @@ from trajbus.gateway.backends import BackendError, NoBackendAvailable
 from trajbus.gateway.chat import ChatCompletions, backend_failure, check_prompt_length
 from trajbus.gateway.config import GatewaySettings
 from trajbus.gateway.dashboard import PAGE, DashboardData
-from trajbus.gateway.errors import GatewayError, bad_request, install_error_handlers
-from trajbus.gateway.schemas import (ChatCompletionRequest, CompleteTrajectoryRequest, GenerateRequest,
-                                     InitTrajectoryRequest, RegisterTrajectoryRequest, SubmitStepsRequest)
+from trajbus.gateway.errors import (RETRY_SECONDS, GatewayError, bad_request, from_validation_error,
+                                    install_error_handlers, unavailable)
+from trajbus.gateway.openapi import describe
+from trajbus.gateway.schemas import (CHANNEL_PATTERN, ChatCompletionRequest, CompleteTrajectoryRequest,
+                                     GenerateRequest, InitTrajectoryRequest, RegisterTrajectoryRequest,
+                                     RewardRequest, SubmitStepsRequest, step_from_json,
+                                     submit_steps_schema)
 from trajbus.gateway.service import GatewayService
-from trajbus.streams.records import Step
 
 log = logging.getLogger("trajbus.gateway")
 
 WAIT = "seconds a new trajectory may be held until admitted (pacing), else 429 at once"
+BEARER = HTTPBearer(auto_error=False, description="--api-key, when the gateway has one")
+"""Declares the API key in the OpenAPI schema; ``require_api_key`` answers 401 itself (OpenAI-shaped)."""
+
+
+async def json_body(request: Request) -> Any:
+    """The request body as JSON, for a route that checks it itself; 400 when it is not JSON."""
+    try:
+        return json.loads(await request.body())
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise bad_request(f"body: invalid JSON ({exc})", param="body") from None
 
 
 class BodySizeLimit:
@@ -92,6 +108,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(title="trajbus gateway", lifespan=lifespan)
     app.state.service = service
     install_error_handlers(app)
+    describe(app, settings, lambda: len(service.tokenizer.tokenizer) if service.tokenizer.ready else None)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
 
     @app.middleware("http")
@@ -106,11 +123,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                      response.status_code, 1000 * (time.monotonic() - started))
         return response
 
-    def require_api_key(request: Request) -> None:
+    def require_api_key(credentials: HTTPAuthorizationCredentials | None = Depends(BEARER)) -> None:
         if settings.api_key is None:
             return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(), settings.api_key.encode()):
+        token = credentials.credentials if credentials is not None else ""
+        if not secrets.compare_digest(token.encode(), settings.api_key.encode()):
             raise GatewayError(401, "missing or wrong API key (Authorization: Bearer <key>)",
                                type_="authentication_error", code="invalid_api_key")
 
@@ -124,8 +141,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @app.get("/ready")
     async def ready() -> JSONResponse:
         missing = service.readiness()
-        if missing:
-            return JSONResponse({"ready": False, "reason": "; ".join(missing), "not_ready": missing}, 503)
+        if missing:  # the OpenAI error object too: every error body has one
+            error = unavailable("; ".join(missing)).body()
+            return JSONResponse({"ready": False, "reason": "; ".join(missing), "not_ready": missing, **error}, 503,
+                                headers={"Retry-After": str(RETRY_SECONDS)})
         return JSONResponse({"ready": True})
 
     @app.get("/metrics")
@@ -150,7 +169,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     # -- white-box ----------------------------------------------------------------
     @app.post("/generate", dependencies=admin)
-    async def generate(body: GenerateRequest, wait: float = Query(0.0, ge=0, description=WAIT)) -> dict[str, Any]:
+    async def generate(body: GenerateRequest, wait: float = Query(0.0, ge=0, le=settings.max_admission_wait,
+                                                                  description=WAIT)) -> dict[str, Any]:
         service.require("backend")
         check_prompt_length(body.prompt_ids, settings.prompt_length, what="prompt_ids")
         uid = body.trajectory_uid
@@ -172,16 +192,30 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                 "finish_reason": first["finish_reason"], "text": first["text"], "choices": choices,
                 "backend": backend}
 
-    @app.post("/submit_steps", dependencies=admin)
-    async def submit_steps(body: SubmitStepsRequest | list[dict[str, Any]],
-                           channel: str = Query(settings.default_channel)) -> dict[str, Any]:
-        raw, n_rollouts = (body.steps, body.n_rollouts) if isinstance(body, SubmitStepsRequest) else (body, None)
+    submit_steps_body = {"requestBody": {"required": True,
+                                         "content": {"application/json": {"schema": submit_steps_schema()}}}}
+
+    @app.post("/submit_steps", dependencies=admin, openapi_extra=submit_steps_body)
+    async def submit_steps(request: Request, channel: str = Query(settings.default_channel, pattern=CHANNEL_PATTERN)
+                           ) -> dict[str, Any]:
+        body = await json_body(request)  # steps are checked by Step.from_dict, at C speed for token lists
+        if isinstance(body, dict):
+            try:
+                wrapped = SubmitStepsRequest.model_validate(body)
+            except ValidationError as exc:
+                raise from_validation_error(exc) from None
+            raw, n_rollouts = wrapped.steps, wrapped.n_rollouts
+        elif isinstance(body, list):
+            raw, n_rollouts = body, None
+        else:
+            raise bad_request("body: expected a list of steps or {\"steps\": [...], \"n_rollouts\": n}",
+                              param="body")
         if not raw:
             raise bad_request("steps: at least one step is required", param="steps")
         steps = []
         for position, data in enumerate(raw):
             try:
-                steps.append(Step.from_dict(data))
+                steps.append(step_from_json(data))
             except ValueError as exc:
                 field = str(exc).split(":", 1)[0]
                 raise bad_request(f"steps[{position}].{exc}", param=f"steps[{position}].{field}") from None
@@ -192,13 +226,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         return {"published": count, "channel": channel}
 
     @app.post("/compute_reward", dependencies=admin)
-    async def compute_reward(body: dict[str, Any]) -> dict[str, float]:
-        return {"reward": await service.score(body)}
+    async def compute_reward(body: RewardRequest) -> dict[str, float]:
+        return {"reward": await service.score(body.model_dump())}
 
     # -- black-box ----------------------------------------------------------------
     @app.post("/init_trajectory", dependencies=admin)
     async def init_trajectory(body: InitTrajectoryRequest | None = None,
-                              wait: float = Query(0.0, ge=0, description=WAIT)) -> dict[str, Any]:
+                              wait: float = Query(0.0, ge=0, le=settings.max_admission_wait, description=WAIT)
+                              ) -> dict[str, Any]:
         body = body or InitTrajectoryRequest()
         trajectory = await service.init_trajectory(body.prompt_uid, body.channel, body.n_rollouts, body.metadata,
                                                    body.policy_version, wait)

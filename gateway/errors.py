@@ -2,7 +2,9 @@
 
 Body: ``{"error": {"message", "type", "param", "code"}}``. Request validation
 failures become 400 naming the offending field; nothing is published for a
-request that fails here.
+request that fails here. Every error the gateway answers has this body, an
+unexpected exception too (500, logged with its traceback): no client sees a
+framework's plain-text page.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("trajbus.gateway")
@@ -68,6 +71,15 @@ def _location(loc: tuple) -> str:
     return ".".join(parts) or "body"
 
 
+def from_validation_error(exc: RequestValidationError | ValidationError) -> GatewayError:
+    """400 naming the first field that failed validation (FastAPI's or a model checked in a route)."""
+    first = exc.errors()[0]
+    if first.get("type") == "json_invalid":
+        return bad_request(f"body: invalid JSON ({first.get('ctx', {}).get('error', 'parse error')})", param="body")
+    where = _location(tuple(first.get("loc", ())))
+    return bad_request(f"{where}: {first.get('msg', 'invalid value')}", param=where)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
@@ -77,17 +89,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0]
-        if first.get("type") == "json_invalid":
-            error = bad_request(f"body: invalid JSON ({first.get('ctx', {}).get('error', 'parse error')})",
-                                param="body")
-        else:
-            where = _location(tuple(first.get("loc", ())))
-            error = bad_request(f"{where}: {first.get('msg', 'invalid value')}", param=where)
-        return error.response()
+        return from_validation_error(exc).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
         error = GatewayError(exc.status_code, str(exc.detail), code=code)
         return error.response()
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        """A backstop: a bug still answers OpenAI-shaped JSON (Starlette logs the traceback)."""
+        log.error("unexpected error path=%s error=%r", request.url.path, exc)
+        return GatewayError(500, "internal error of the gateway (logged)", type_="server_error",
+                            code="internal_error").response()

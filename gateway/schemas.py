@@ -4,18 +4,39 @@ Field names follow OpenAI's chat completions API (plus vLLM's ``ignore_eos``);
 unknown OpenAI fields are accepted and ignored, so any client library works.
 A wrong type, an empty ``messages``, an unknown role or a negative
 ``max_tokens`` is refused with a 400 naming the field.
+
+Every integer is bounded here by the width it has in storage or on the wire
+(SQLite INTEGER is 64-bit; the codec packs step_index and n_rollouts as u32,
+policy_version as i64, token ids in at most 32 bits), so a number past it is a
+400 naming the field, never an overflow inside SQLite or Kafka (a 500), and the
+OpenAPI schema says what the routes accept.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+import time
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator, model_validator
 
 from trajbus.gateway.errors import bad_request
+from trajbus.streams.records import Step
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+U32 = 2**32
+I64 = 2**63
+CREATED_AT_LIMIT = I64 // 1000
+"""A step's ``created_at`` becomes the Kafka record's timestamp, int64 milliseconds."""
+CHANNEL_PATTERN = r"^[a-z0-9_-]{1,64}$"
+"""``streams.topics.validate_channel``'s rule: a channel becomes part of topic names."""
+
+TokenId = Annotated[int, Field(ge=0, lt=U32)]
+StepIndex = Annotated[int, Field(ge=0, lt=U32, description="packed as u32 on the wire")]
+NRollouts = Annotated[int, Field(ge=1, lt=U32, description="the prompt group's size (u32 on the wire)")]
+PolicyVersion = Annotated[int, Field(ge=-I64, lt=I64, description="i64 on the wire and in SQLite")]
+Channel = Annotated[str, Field(pattern=CHANNEL_PATTERN, description="names topics: [a-z0-9_-]{1,64}")]
 
 
 class ToolCallFunction(BaseModel):
@@ -30,10 +51,24 @@ class ToolCall(BaseModel):
     function: ToolCallFunction
 
 
+TextParts = Annotated[list[dict[str, Any]], WithJsonSchema({
+    "type": "array", "description": "text parts only (no images or audio)", "items": {
+        "type": "object", "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}})]
+"""A multi-part content, checked by ``ChatMessage`` (a refused part is named by its type)."""
+
+
+HAS_CONTENT = {"anyOf": [
+    {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+    {"required": ["role", "tool_calls"],
+     "properties": {"role": {"const": "assistant"}, "tool_calls": {"type": "array", "minItems": 1}}}]}
+"""A message has content, unless it is an assistant's with tool calls (``ChatMessage._content_present``)."""
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=HAS_CONTENT)
     role: Role
-    content: str | list[dict[str, Any]] | None = None
+    content: str | TextParts | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -71,10 +106,10 @@ class SamplingFields(BaseModel):
     n: int = Field(1, ge=1, le=64)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, lt=U32)
+    max_completion_tokens: int | None = Field(None, ge=1, lt=U32)
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, lt=I64, description="an engine's generator takes a signed 64-bit seed")
     ignore_eos: bool = False
 
     @field_validator("stop")
@@ -118,35 +153,106 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class GenerateRequest(SamplingFields):
-    prompt_ids: list[int] = Field(..., min_length=1)
-    trajectory_uid: str | None = Field(None, description="keeps calls of one trajectory on one backend; "
+    prompt_ids: list[TokenId] = Field(..., min_length=1)
+    trajectory_uid: str | None = Field(None, min_length=1, description="keeps calls of one trajectory on one backend; "
                                                          "its first call is admitted when pacing is on")
     prompt_uid: str | None = Field(None, min_length=1, max_length=256,
                                    description="the trajectory's prompt group (for admission)")
-    channel: str | None = None
-    policy_version: int | None = Field(None, description="the version the trajectory starts at (for admission)")
-    step_index: int | None = Field(None, ge=0, description="above 0: a trajectory already under way, never held")
+    channel: Channel | None = None
+    policy_version: PolicyVersion | None = Field(None, description="the version the trajectory starts at "
+                                                                   "(for admission)")
+    step_index: StepIndex | None = Field(None, description="above 0: a trajectory already under way, never held")
 
-    @field_validator("prompt_ids")
-    @classmethod
-    def _ids(cls, ids: list[int]) -> list[int]:
-        if any(t < 0 for t in ids):
-            raise ValueError("token ids are non-negative integers")
-        return ids
+
+class StepBody(BaseModel):
+    """A ``streams.records.Step`` as JSON: the OpenAPI schema of ``/submit_steps``'s steps.
+
+    Documentation only: the route checks steps with ``Step.from_dict``, the producer's own rule, which
+    checks token lists at C speed where a model would build a Python object per token.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    prompt_ids: list[TokenId]
+    response_ids: list[TokenId]
+    trajectory_uid: str = Field(min_length=1)
+    prompt_uid: str = Field(min_length=1)
+    step_index: StepIndex = 0
+    reward: float = Field(0.0, allow_inf_nan=False)
+    policy_version: PolicyVersion = 0
+    is_last: bool = False
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    rollout_log_probs: list[float] | None = Field(None, description="one per response token")
+    created_at: float = Field(default_factory=time.time, ge=0, lt=CREATED_AT_LIMIT,
+                              description="Unix time in seconds: the record's timestamp")
+    channel: Channel | None = Field(None, description="when given, the channel of the request")
+    n_rollouts: NRollouts | None = None
 
 
 class SubmitStepsRequest(BaseModel):
+    """``/submit_steps``'s body when it names the group size; each step is checked by ``Step.from_dict``."""
+
     model_config = ConfigDict(extra="forbid")
     steps: list[dict[str, Any]] = Field(..., min_length=1)
-    n_rollouts: int | None = Field(None, ge=1)
+    n_rollouts: NRollouts | None = None
+
+
+def _integral(value: Any) -> Any:
+    return int(value) if type(value) is float and value.is_integer() else value
+
+
+def step_from_json(data: Any) -> Step:
+    """``Step.from_dict``, where JSON's ``3.0`` is the integer 3 (JSON Schema's rule, and the other
+    routes' through pydantic); the conversion runs only for a step the strict check refused.
+    ``created_at`` must fit the record's timestamp (past it the producer overflows)."""
+    step = _step_from_json(data)
+    if not 0 <= step.created_at < CREATED_AT_LIMIT:
+        raise ValueError(f"created_at: must be Unix seconds in [0, {CREATED_AT_LIMIT}), got {step.created_at!r}")
+    return step
+
+
+def _step_from_json(data: Any) -> Step:
+    try:
+        return Step.from_dict(data)
+    except ValueError:
+        if not isinstance(data, dict):
+            raise
+        fixed = {**data}
+        for name in ("step_index", "policy_version", "n_rollouts"):
+            if name in fixed:
+                fixed[name] = _integral(fixed[name])
+        for name in ("prompt_ids", "response_ids"):
+            if isinstance(fixed.get(name), list):
+                fixed[name] = [_integral(token) for token in fixed[name]]
+        return Step.from_dict(fixed)
+
+
+def submit_steps_schema() -> dict[str, Any]:
+    """The body ``/submit_steps`` takes, for the OpenAPI schema: steps, bare or with the group size."""
+    steps = {"type": "array", "items": StepBody.model_json_schema(), "minItems": 1}
+    wrapped = {"type": "object", "additionalProperties": False, "required": ["steps"], "title": "SubmitSteps",
+               "properties": {"steps": steps, "n_rollouts": TypeAdapter(NRollouts | None).json_schema()}}
+    return {"anyOf": [wrapped, steps]}
+
+
+class RewardRequest(BaseModel):
+    """What a reward function receives (``GatewayService.reward_input``'s shape, each key present);
+    other keys pass through to it."""
+
+    model_config = ConfigDict(extra="allow")
+    trajectory_uid: str | None = None
+    prompt_uid: str | None = None
+    channel: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    response_text: str = ""
 
 
 class TrajectoryOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    channel: str | None = None
-    n_rollouts: int | None = Field(None, ge=1)
+    channel: Channel | None = None
+    n_rollouts: NRollouts | None = None
     metadata: dict[str, Any] | None = None
-    policy_version: int | None = Field(None, description="the version the agent's engine serves; default: "
+    policy_version: PolicyVersion | None = Field(None, description="the version the agent's engine serves; default: "
                                                          "the policy topic's")
 
 

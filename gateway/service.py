@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import secrets
@@ -296,6 +297,11 @@ class GatewayService:
             validate_metadata(metadata or {})
         except ValueError as exc:
             raise from_value_error(exc) from None
+        try:  # the wire carries it as UTF-8 JSON: a lone surrogate would fail only when a step is sent
+            json.dumps(metadata or {}, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise bad_request("metadata: strings must be valid Unicode (a lone surrogate is not)",
+                              param="metadata") from None
         return metadata or {}
 
     def trajectory(self, trajectory_uid: str, prompt_uid: str, open_only: bool = True) -> Trajectory:
@@ -374,6 +380,10 @@ class GatewayService:
             raise GatewayError(400 if not self.rewards.configured else 503, str(exc), code="no_reward") from None
         except ValueError as exc:
             raise GatewayError(500, str(exc), type_="server_error", code="bad_reward") from None
+        except Exception as exc:  # the deployment's reward function failed: its error, as JSON
+            log.warning("reward function failed: %r", exc)
+            raise GatewayError(500, f"the reward function failed: {exc!r}", type_="server_error",
+                               code="reward_failed") from None
 
     def statistics(self) -> dict[str, Any]:
         def total(counter) -> dict[str, float]:
