@@ -16,14 +16,10 @@ class BrokerUsageError(ValueError):
     """A broker command the user must fix (exit 2)."""
 
 
-def node_count(text: str) -> int:
-    """``--nodes``: 1 to ``MAX_NODES``."""
-    try:
-        nodes = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of nodes, got {text!r}") from None
+def check_nodes(nodes: int) -> int:
+    """``--nodes``: 1 to ``MAX_NODES`` (one line and exit 2 otherwise, as every bad input of the CLI)."""
     if not 1 <= nodes <= MAX_NODES:
-        raise argparse.ArgumentTypeError(f"{nodes} is out of range (1 to {MAX_NODES} nodes)")
+        raise BrokerUsageError(f"--nodes: {nodes} is out of range (1 to {MAX_NODES} nodes)")
     return nodes
 
 
@@ -33,7 +29,7 @@ def add_broker_parser(sub: argparse._SubParsersAction) -> None:
     broker.add_argument("--state-dir", help="where the broker keeps data, log and address "
                                             "(default: $TRAJBUS_STATE_DIR or ~/.cache/trajbus/broker)")
     broker.add_argument("--fresh", action="store_true", help="wipe the data directory before starting")
-    broker.add_argument("--nodes", type=node_count, default=None,
+    broker.add_argument("--nodes", type=int, default=None,
                         help=f"run a cluster of this many KRaft nodes on loopback (2 to {MAX_NODES}; replication "
                              "min(3, N), min.insync.replicas min(2, N)), the way to try failover on one machine")
     broker.add_argument("--secure", action="store_true",
@@ -57,7 +53,7 @@ def _single(args: argparse.Namespace) -> EmbeddedKafka:
 
 def _cluster(args: argparse.Namespace) -> EmbeddedCluster | None:
     """The cluster the command is about: ``--nodes N`` (N > 1), else the one set up in the state directory."""
-    nodes = args.nodes or layout_size(args.state_dir)
+    nodes = check_nodes(args.nodes) if args.nodes is not None else layout_size(args.state_dir)
     if args.nodes is not None and args.nodes > 1 and (args.engine != "kafka" or args.secure):
         raise BrokerUsageError("--nodes: the embedded cluster is plaintext Apache Kafka (no --secure, no tansu)")
     if args.nodes == 1 or nodes is None or (args.nodes is None and args.action == "up"):

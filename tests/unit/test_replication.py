@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from trajbus.infra.kafka_cluster import cluster_properties
 from trajbus.infra.topics import CLUSTER_DEFAULT, ReplicationError, TopicSpec, _check_replication
-from trajbus.pipelines.broker_command import node_count
+from trajbus.pipelines.broker_command import BrokerUsageError, check_nodes
 from trajbus.streams.topics import TopicSettings
 
 
@@ -56,8 +54,8 @@ def test_the_embedded_cluster_is_configured_as_managed_ones(nodes, replicas, in_
     assert properties["min.insync.replicas"] == properties["transaction.state.log.min.isr"] == in_sync
 
 
-@pytest.mark.parametrize("text", ["0", "10", "-1", "three"])
-def test_nodes_out_of_range_are_refused(text):
-    with pytest.raises(argparse.ArgumentTypeError):
-        node_count(text)
-    assert node_count("3") == 3
+@pytest.mark.parametrize("nodes", [0, 10, -1])
+def test_nodes_out_of_range_are_refused(nodes):
+    with pytest.raises(BrokerUsageError, match=f"--nodes: {nodes} is out of range"):
+        check_nodes(nodes)
+    assert check_nodes(3) == 3
