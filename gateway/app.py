@@ -39,6 +39,7 @@ from trajbus.gateway.schemas import (CHANNEL_PATTERN, ChatCompletionRequest, Com
                                      RewardRequest, SubmitStepsRequest, step_from_json,
                                      submit_steps_schema)
 from trajbus.gateway.service import GatewayService
+from trajbus.streams.records import Step
 
 log = logging.getLogger("trajbus.gateway")
 
@@ -53,6 +54,37 @@ async def json_body(request: Request) -> Any:
         return json.loads(await request.body())
     except ValueError as exc:  # UnicodeDecodeError included
         raise bad_request(f"body: invalid JSON ({exc})", param="body") from None
+
+
+SUBMIT_STEPS_BODY = {"requestBody": {"required": True,
+                                     "content": {"application/json": {"schema": submit_steps_schema()}}}}
+"""``/submit_steps`` reads its body itself, so the schema of its steps is declared here."""
+
+
+def submitted_steps(body: Any) -> tuple[list[Step], int | None]:
+    """``/submit_steps``'s body, bare steps or ``{"steps", "n_rollouts"}``, as checked steps and the group
+    size; 400 naming the first bad field. Steps are checked by ``Step.from_dict``, at C speed for token
+    lists (a model would build a Python object per token)."""
+    if isinstance(body, dict):
+        try:
+            wrapped = SubmitStepsRequest.model_validate(body)
+        except ValidationError as exc:
+            raise from_validation_error(exc) from None
+        raw, n_rollouts = wrapped.steps, wrapped.n_rollouts
+    elif isinstance(body, list):
+        raw, n_rollouts = body, None
+    else:
+        raise bad_request('body: expected a list of steps or {"steps": [...], "n_rollouts": n}', param="body")
+    if not raw:
+        raise bad_request("steps: at least one step is required", param="steps")
+    steps = []
+    for position, data in enumerate(raw):
+        try:
+            steps.append(step_from_json(data))
+        except ValueError as exc:
+            field = str(exc).split(":", 1)[0]
+            raise bad_request(f"steps[{position}].{exc}", param=f"steps[{position}].{field}") from None
+    return steps, n_rollouts
 
 
 class BodySizeLimit:
@@ -192,33 +224,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                 "finish_reason": first["finish_reason"], "text": first["text"], "choices": choices,
                 "backend": backend}
 
-    submit_steps_body = {"requestBody": {"required": True,
-                                         "content": {"application/json": {"schema": submit_steps_schema()}}}}
-
-    @app.post("/submit_steps", dependencies=admin, openapi_extra=submit_steps_body)
+    @app.post("/submit_steps", dependencies=admin, openapi_extra=SUBMIT_STEPS_BODY)
     async def submit_steps(request: Request, channel: str = Query(settings.default_channel, pattern=CHANNEL_PATTERN)
                            ) -> dict[str, Any]:
-        body = await json_body(request)  # steps are checked by Step.from_dict, at C speed for token lists
-        if isinstance(body, dict):
-            try:
-                wrapped = SubmitStepsRequest.model_validate(body)
-            except ValidationError as exc:
-                raise from_validation_error(exc) from None
-            raw, n_rollouts = wrapped.steps, wrapped.n_rollouts
-        elif isinstance(body, list):
-            raw, n_rollouts = body, None
-        else:
-            raise bad_request("body: expected a list of steps or {\"steps\": [...], \"n_rollouts\": n}",
-                              param="body")
-        if not raw:
-            raise bad_request("steps: at least one step is required", param="steps")
-        steps = []
-        for position, data in enumerate(raw):
-            try:
-                steps.append(step_from_json(data))
-            except ValueError as exc:
-                field = str(exc).split(":", 1)[0]
-                raise bad_request(f"steps[{position}].{exc}", param=f"steps[{position}].{field}") from None
+        steps, n_rollouts = submitted_steps(await json_body(request))
         count = await service.publish(steps, channel, "submit_steps", n_rollouts)
         for step in steps:
             if step.is_last:  # a white-box trajectory is finished: it leaves the backlog's in-flight count

@@ -108,7 +108,9 @@ class SamplingFields(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1, lt=U32)
     max_completion_tokens: int | None = Field(None, ge=1, lt=U32)
-    stop: str | list[str] | None = None
+    stop: Annotated[str | list[str] | None, WithJsonSchema({"anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4}, {"type": "null"}]})] = None
     seed: int | None = Field(None, ge=0, lt=I64, description="an engine's generator takes a signed 64-bit seed")
     ignore_eos: bool = False
 
