@@ -92,6 +92,8 @@ def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec], timeout: float
     for attempt in retrying(timeout, log, "provisioning topics", permanent=(ReplicationError,)):
         with attempt:
             created += _ensure(admin, specs, timeout)
+            # every topic, not only this try's: one an earlier try created may still lack a leader
+            _wait_for_leaders(admin, [spec.name for spec in specs], timeout)
     return created
 
 
@@ -109,7 +111,6 @@ def _ensure(admin: AdminClient, specs: list[TopicSpec], timeout: float) -> list[
         )
         # Another process may create the same topic at the same moment: that is success too.
         _wait(futures, "creating topic", ignore=(KafkaError.TOPIC_ALREADY_EXISTS,))
-        _wait_for_leaders(admin, [s.name for s in missing], timeout)
         log.info("created topics %s", ", ".join(s.name for s in missing))
 
     present = [spec for spec in specs if spec.name in existing]
