@@ -25,6 +25,7 @@ from trajbus.infra.kafka_cluster import EmbeddedCluster
 from trajbus.infra.topics import ensure_topics
 from trajbus.pipelines.processes import worker_process
 from trajbus.pipelines.synthetic import group_steps
+from trajbus.streams.app import STATE_TABLE
 from trajbus.streams.producer import StepProducer
 from trajbus.streams.topics import TopicSettings, dlq_topic, groups_topic
 from tests.helpers import end_offsets, flowing, read_to_end, wait_for
@@ -58,6 +59,12 @@ def fully_replicated(servers: str) -> bool:
         for topic in metadata.topics.values() for p in topic.partitions.values())
 
 
+def replicas_of(servers: str, topic: str) -> set[int]:
+    """The replica counts of a topic's partitions."""
+    admin = AdminClient({"bootstrap.servers": servers, "log_level": 0})
+    return {len(p.replicas) for p in admin.list_topics(topic, timeout=10).topics[topic].partitions.values()}
+
+
 def leader_of(servers: str, topic: str, partition: int = 0) -> int:
     admin = AdminClient({"bootstrap.servers": servers, "log_level": 0})
     return admin.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader
@@ -71,16 +78,10 @@ def kill(node: EmbeddedKafka) -> None:
 def test_topics_take_the_cluster_replication(servers: str, prefix: str):
     settings = TopicSettings(prefix=prefix)
     ensure_topics(servers, settings.specs(["train"]))
-    admin = AdminClient({"bootstrap.servers": servers, "log_level": 0})
     names = [spec.name for spec in settings.specs(["train"])]
-
-    def known() -> dict | None:  # a node learns of a new topic a moment after the controller
-        topics = admin.list_topics(timeout=10).topics
-        return topics if set(names) <= set(topics) else None
-
-    topics = wait_for(known, 30, "every topic in the metadata")
-    for name in names:
-        assert {len(p.replicas) for p in topics[name].partitions.values()} == {NODES}, name
+    # A node learns of a new topic a moment after the controller: ask until the answer has them all.
+    wait_for(lambda: all(replicas_of(servers, name) == {NODES} for name in names), 30,
+             f"{NODES} replicas of every topic")
 
 
 def test_a_node_lost_for_good(cluster: EmbeddedCluster, servers: str, prefix: str, tmp_path: Path):
@@ -91,6 +92,8 @@ def test_a_node_lost_for_good(cluster: EmbeddedCluster, servers: str, prefix: st
         with flowing(servers, prefix, worker) as flow:
             flow.producer.provision("train")
             flow.receive_until(lambda: len(flow.received) >= 5, 120, "groups before the fault")
+            changelog = f"{prefix}-worker-train-{STATE_TABLE}-changelog"  # the worker created it, not Faust
+            assert replicas_of(servers, changelog) == {NODES}, changelog
             victim = leader_of(servers, groups_topic("train", prefix))  # the node that leads the trainer's log
             kill(cluster.node(victim))
             flow.more_acked(15)
