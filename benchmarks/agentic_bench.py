@@ -26,6 +26,9 @@ import signal
 import tempfile
 import time
 import uuid
+import zlib
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.agentic_workloads import (LONG_CONTEXT, MULTI_TURN, SINGLE_TURN, Workload, distinct_bytes,
@@ -85,15 +88,30 @@ def backend(workload: Workload) -> VerlBackend:
     return VerlBackend(prompt_length=workload.task_tokens, response_length=workload.response_tokens)
 
 
-def end_to_end(bootstrap: str, prefix: str, workload: Workload, steps: list[Step], batch_groups: int) -> float:
+def submit(producer: StepProducer, steps: list[Step], callers: int) -> None:
+    """``callers`` 0: calls of 64 steps from one thread. Else the gateway's pattern: one acknowledged step
+    per call from ``callers`` threads, each an agent's lane (its trajectories' steps in turn order)."""
+    if not callers:
+        for first in range(0, len(steps), 64):
+            producer.submit_steps(steps[first:first + 64], channel="train")
+        return
+    lanes: dict[int, list[Step]] = defaultdict(list)
+    for step in steps:
+        lanes[zlib.crc32(step.trajectory_uid.encode()) % callers].append(step)
+    with ThreadPoolExecutor(callers) as pool:
+        list(pool.map(lambda lane: [producer.submit_steps([step], channel="train") for step in lane],
+                      lanes.values()))
+
+
+def end_to_end(bootstrap: str, prefix: str, workload: Workload, steps: list[Step], batch_groups: int,
+               callers: int = 0) -> float:
     """Seconds from the first submit to the last ``fetch_dataproto`` of every group."""
     with StepProducer(bootstrap, prefix=prefix) as producer, \
             BatchConsumer("train", bootstrap, prefix=prefix, backend=backend(workload)) as consumer:
         consumer.fetch_group(timeout=1.0)  # join the group before the clock starts
         consumer.backend.convert(steps[:1], None)  # and import verl (a trainer process does it once)
         start = time.perf_counter()
-        for first in range(0, len(steps), 64):
-            producer.submit_steps(steps[first:first + 64], channel="train")
+        submit(producer, steps, callers)
         for _ in range(workload.groups // batch_groups):
             if consumer.fetch_dataproto(batch_groups, timeout=FETCH_TIMEOUT) is None:
                 raise RuntimeError(f"{workload.name}: a batch of {batch_groups} groups did not arrive")
@@ -138,7 +156,7 @@ def recovery(bootstrap: str, prefix: str, workload: Workload, workdir: Path) -> 
 
 
 def run(workload: Workload, bootstrap: str, data_dir: Path | None, workdir: Path, batch_groups: int,
-        with_recovery: bool = True) -> dict:
+        with_recovery: bool = True, callers: int = 0) -> dict:
     """One workload: raw baseline, end to end, bytes per topic, the worker's peak memory (and, for the
     multi-turn one, recovery unless ``with_recovery`` is False)."""
     groups = generate(workload, seed=1)
@@ -152,7 +170,7 @@ def run(workload: Workload, bootstrap: str, data_dir: Path | None, workdir: Path
                             n_rollouts=workload.rollouts, extra=["--stats-interval", "0.5"]).start()
     try:
         wait_until_running(bootstrap, prefix, worker)
-        e2e_s = end_to_end(bootstrap, prefix, workload, steps, batch_groups)
+        e2e_s = end_to_end(bootstrap, prefix, workload, steps, batch_groups, callers)
         memory = peak_memory_mb(worker.pid)
     finally:
         worker.stop()
