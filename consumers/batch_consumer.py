@@ -121,13 +121,13 @@ class BatchConsumer:
                 self._check_contact()
                 continue
             self._last_contact = time.monotonic()
-            if not message.error():
-                self.fetched_bytes += len(message.value() or b"")
-                metrics.FETCHED_BYTES.labels(self.channel).inc(len(message.value() or b""))
             if message.error():
                 if message.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error on %s: %s", self.topic, message.error().str())
                 continue
+            size = len(message.value() or b"")
+            self.fetched_bytes += size
+            metrics.FETCHED_BYTES.labels(self.channel).inc(size)
             group = None if self._trimmed(message) else self._decode(message)
             if group is not None and self.keep is not None and not self.keep(group.prompt_uid):
                 group = None

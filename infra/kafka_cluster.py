@@ -121,7 +121,7 @@ class EmbeddedCluster:
         """Start every node that is not running (a quorum forms only once most of them are up, so
         they start together) and wait until each serves."""
         self.install()
-        nodes = self.nodes(fresh=fresh or not self.layout_file.exists())
+        nodes = self.nodes(fresh=fresh)
         if fresh:
             for node in nodes:
                 node.stop()
