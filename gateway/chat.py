@@ -73,23 +73,27 @@ class _StreamedChoice(Completion):
 
 
 class ChatCompletions:
+    """Serves chat completions from the parts it is given: tokenizer, engines, Kafka, trajectory rules."""
+
     def __init__(self, service: GatewayService) -> None:
-        self.service = service
+        self.require = service.require
+        self.settings, self.tokenizer, self.backends = service.settings, service.tokenizer, service.backends
+        self.kafka, self.lifecycle, self.store, self.metrics = (service.kafka, service.lifecycle, service.store,
+                                                                service.metrics)
 
     async def create(self, trajectory: Trajectory, request: ChatCompletionRequest):
-        service = self.service
-        service.require("tokenizer", "kafka", "backend")
+        self.require("tokenizer", "kafka", "backend")
         messages = [m.for_template() for m in request.messages]
         try:
-            prompt = service.tokenizer.prompts.build(messages, request.tools, trajectory.last_conversation,
-                                                     trajectory.context_ids)
+            prompt = self.tokenizer.prompts.build(messages, request.tools, trajectory.last_conversation,
+                                                  trajectory.context_ids)
         except Exception as exc:  # the template refused the conversation (e.g. roles out of order)
             raise bad_request(f"messages: the chat template cannot render this conversation: {exc}",
                               param="messages") from None
-        check_prompt_length(prompt.ids, service.settings.prompt_length)
-        await service.ensure_channel(trajectory.channel)  # Kafka down: 503 before the engine does any work
-        sampling = request.engine_params(service.settings.response_length)
-        call = _Call(service, trajectory, request, messages, prompt, sampling)
+        check_prompt_length(prompt.ids, self.settings.prompt_length)
+        await self.kafka.ensure_channel(trajectory.channel)  # Kafka down: 503 before the engine does any work
+        sampling = request.engine_params(self.settings.response_length)
+        call = _Call(self, trajectory, request, messages, prompt, sampling)
         if request.stream:
             return await call.stream()
         return await call.complete()
@@ -98,14 +102,14 @@ class ChatCompletions:
 class _Call:
     """One chat completion request of one trajectory."""
 
-    def __init__(self, service: GatewayService, trajectory: Trajectory, request: ChatCompletionRequest,
+    def __init__(self, parts: ChatCompletions, trajectory: Trajectory, request: ChatCompletionRequest,
                  messages: list[dict[str, Any]], prompt: Prompt, sampling: dict[str, Any]) -> None:
-        self.service, self.trajectory, self.request = service, trajectory, request
+        self.parts, self.trajectory, self.request = parts, trajectory, request
         self.messages, self.prompt, self.prompt_ids, self.sampling = messages, prompt, prompt.ids, sampling
         self.first_step = 0
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.model = request.model or service.settings.served_model_name
+        self.model = request.model or parts.settings.served_model_name
         self.started = time.monotonic()
 
     def _parse(self, completion: Completion) -> tool_calls.ParsedOutput:
@@ -131,27 +135,27 @@ class _Call:
 
     async def _publish(self, backend: str, completions: list[Completion],
                        parsed: list[tool_calls.ParsedOutput]) -> None:
-        t, service = self.trajectory, self.service
-        version = service.policy_version(t)
-        service.metrics.engine_latency.observe(time.monotonic() - self.started)
-        async with service.publishing(t.trajectory_uid):  # the context this prompt continued is still the last
+        t, parts = self.trajectory, self.parts
+        version = parts.lifecycle.policy_version(t)
+        parts.metrics.engine_latency.observe(time.monotonic() - self.started)
+        async with parts.lifecycle.publishing(t.trajectory_uid):  # the context this prompt continued is the last
             try:  # taken for good: if the broker's answer is lost, the record may still land with it
-                self.first_step = service.store.take_steps(t.trajectory_uid, len(completions))
+                self.first_step = parts.store.take_steps(t.trajectory_uid, len(completions))
             except LookupError as exc:  # completed by a concurrent request since it was looked up
                 raise conflict(str(exc)) from None
-            moved = service.store.context_step(t.trajectory_uid) != t.context_step
+            moved = parts.store.context_step(t.trajectory_uid) != t.context_step
             steps = [Step(prompt_ids=self.prompt_ids, response_ids=c.token_ids, trajectory_uid=t.trajectory_uid,
                           prompt_uid=t.prompt_uid, step_index=self.first_step + i, policy_version=version,
                           metadata={**t.metadata, "finish_reason": c.finish_reason, **self._lineage(i, moved)},
                           rollout_log_probs=c.logprobs, channel=t.channel, n_rollouts=t.n_rollouts)
                      for i, c in enumerate(completions)]
-            await service.publish(steps, t.channel, "chat", t.n_rollouts)
-            service.store.record_published(t.trajectory_uid, self.first_step, len(steps),
+            await parts.kafka.publish(steps, t.channel, "chat", t.n_rollouts)
+            parts.store.record_published(t.trajectory_uid, self.first_step, len(steps),
                                            self.messages + [self._message(parsed[0])], backend,
                                            self.prompt_ids + completions[0].token_ids, self.first_step)
         kind = "first" if t.context_step is None else "new_segment" if SEGMENT_START in steps[0].metadata \
             else "continued"
-        service.metrics.prompts.labels(kind).inc()
+        parts.metrics.prompts.labels(kind).inc()
         log.debug("chat step published trajectory=%s step=%d backend=%s prompt=%s", t.trajectory_uid,
                   self.first_step, backend, kind)
 
@@ -162,7 +166,7 @@ class _Call:
 
     async def complete(self) -> JSONResponse:
         try:
-            backend, completions = await self.service.backends.complete(
+            backend, completions = await self.parts.backends.complete(
                 self.prompt_ids, self.sampling, preferred=self.trajectory.backend)
         except (NoBackendAvailable, BackendError) as exc:
             raise backend_failure(exc) from None
@@ -183,7 +187,7 @@ class _Call:
 
     async def stream(self) -> StreamingResponse:
         try:  # connect before answering: a refused connection is retried, an unavailable pool is a 503
-            backend, deltas = await self.service.backends.stream(
+            backend, deltas = await self.parts.backends.stream(
                 self.prompt_ids, self.sampling, preferred=self.trajectory.backend)
         except (NoBackendAvailable, BackendError) as exc:
             raise backend_failure(exc) from None

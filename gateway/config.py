@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,7 +80,21 @@ class GatewaySettings:
     ray_namespace: str | None = setting(None, help="Ray namespace of the reward worker")
     host: str = setting("127.0.0.1", help="interface to listen on")
     port: int = setting(DEFAULT_PORT, help="port to listen on")
-    public_url: str | None = setting(None, help="base of the URLs handed to agents (off: http://HOST:PORT)")
+    public_url: str | None = setting(
+        None, help="base of the URLs handed to agents, which must reach this instance (off: http://HOST:PORT; "
+                   "{instance} and {port} are replaced, for --instances)")
+    instance_id: str | None = setting(
+        None, help="this gateway's name in a fleet: its in-flight groups on Kafka, /statistics and metrics "
+                   "(off: HOSTNAME-PORT; keep it across restarts)")
+    instances: int = setting(
+        1, parse=positive_int,
+        help="start N gateway processes on this host as one door: any of them answers on --port; instance i "
+             "also listens on --port + 1 + i, which its base_urls name, with its own state under "
+             "--state-dir/instance-i; a process that dies is restarted")
+    max_concurrent_calls: int = setting(
+        512, parse=positive_int,
+        help="engine calls (chat/completions, /generate) one instance serves at once; beyond, a call is "
+             "answered 503 with Retry-After at once rather than queued until its client times out")
     api_key: str | None = setting(None, help="bearer token required by white-box and admin endpoints")
     state_dir: Path = setting(default_factory=lambda: trajbus_cache_dir() / "gateway",
                               help="where per-trajectory state survives restarts")
@@ -138,10 +153,16 @@ class GatewaySettings:
         return {channel: dataclasses.replace(self.admission, **change) for channel, change in changes.items()}
 
     @property
+    def instance(self) -> str:
+        """This instance's name: ``--instance-id``, else HOSTNAME-PORT (stable across restarts)."""
+        return self.instance_id or f"{socket.gethostname()}-{self.port}"
+
+    @property
     def base_address(self) -> str:
         """What agents are told to call: ``--public-url``, else http://HOST:PORT."""
         if self.public_url:
-            return self.public_url.rstrip("/")
+            url = self.public_url.replace("{instance}", self.instance).replace("{port}", str(self.port))
+            return url.rstrip("/")
         return f"http://{self.host}:{self.port}"
 
 

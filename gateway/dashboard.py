@@ -38,7 +38,7 @@ class DashboardData:
         return (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0])
 
     def _worker_summary(self) -> dict[str, dict[str, Any]]:
-        servers = self.service.bootstrap_servers
+        servers = self.service.kafka.bootstrap_servers
         return summarize(read_snapshots(servers, self.service.settings.prefix, timeout=5.0)) if servers else {}
 
     async def get(self) -> dict[str, Any]:
@@ -70,7 +70,7 @@ class DashboardData:
         admissions += [[s.labels["channel"], "waiting now", s.labels["reason"], int(s.value)]
                        for m in metrics.waiting.collect() for s in m.samples if s.value]
         return {
-            "admission": self.service.admission_state(), "admissions": admissions,
+            "admission": self.service.pacing.state(), "admissions": admissions,
             "time": time.time(), "prefix": self.service.settings.prefix, "steps_published": int(steps),
             "steps_per_s": round(self._rate(steps), 2),
             "groups_emitted": int(sum(row.get("groups[emitted]", 0) for row in workers.values())),

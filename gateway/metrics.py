@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, Summary
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf"))
 
 
 class GatewayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, instance: str, base_url: str) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        Info("trajbus_gateway_instance", "Which gateway of a fleet serves these metrics, and the base of the "
+             "URLs it hands out", registry=r).info({"instance": instance, "base_url": base_url})
         self.requests = Counter("trajbus_gateway_requests", "HTTP requests by route and status",
                                 ["route", "status"], registry=r)
         self.latency = Histogram("trajbus_gateway_request_seconds", "Request latency by route", ["route"],
@@ -41,5 +43,7 @@ class GatewayMetrics:
                                         "state, by status", ["status"], registry=r)
         self.state_bytes = Gauge("trajbus_gateway_state_bytes", "Bytes of the gateway's trajectory state in use",
                                  registry=r)
+        self.shed = Counter("trajbus_gateway_shed", "Requests answered 503 at once because the gateway was at "
+                            "its --max-concurrent-calls", ["route"], registry=r)
         self.reward = Summary("trajbus_gateway_trajectory_reward", "Rewards of finished trajectories",
                               ["policy_version"], registry=r)

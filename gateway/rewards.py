@@ -17,6 +17,7 @@ import logging
 import math
 from typing import Any, Callable
 
+from trajbus.gateway.errors import GatewayError
 from trajbus.infra import ray_exit
 from trajbus.streams.settings import import_dotted
 
@@ -71,3 +72,16 @@ class RewardScorer:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"reward: the reward function returned {value!r}, not a finite number")
         return float(value)
+
+    async def answer(self, trajectory: dict[str, Any]) -> float:
+        """``score`` for a route: its failures as OpenAI-shaped errors (the reward function's own included)."""
+        try:
+            return await self.score(trajectory)
+        except RewardUnavailable as exc:
+            raise GatewayError(400 if not self.configured else 503, str(exc), code="no_reward") from None
+        except ValueError as exc:
+            raise GatewayError(500, str(exc), type_="server_error", code="bad_reward") from None
+        except Exception as exc:  # the deployment's reward function failed: its error, as JSON
+            log.warning("reward function failed: %r", exc)
+            raise GatewayError(500, f"the reward function failed: {exc!r}", type_="server_error",
+                               code="reward_failed") from None

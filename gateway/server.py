@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
 from trajbus.gateway.config import GatewaySettings, add_gateway_arguments, settings_from_args
@@ -13,11 +14,22 @@ from trajbus.infra.logs import configure_logging
 EXIT_USAGE = 2
 
 
-def serve(settings: GatewaySettings) -> int:
-    """Validate what can be validated before listening (exit 2), then serve until SIGTERM/SIGINT."""
+def serve(settings: GatewaySettings, sockets: list[socket.socket] | None = None) -> int:
+    """Validate what can be validated before listening (exit 2), then serve until SIGTERM/SIGINT;
+    ``--instances N`` serves through a fleet of N processes (``gateway.fleet``), each of which ends here
+    with the sockets the fleet bound."""
     import uvicorn
 
     from trajbus.gateway.app import create_app
+
+    if settings.instances > 1:
+        from trajbus.gateway.fleet import GatewayFleet
+
+        try:
+            return GatewayFleet(settings).run()
+        except (ValueError, OSError) as exc:  # a public URL that cannot name instances, a port taken
+            print(f"trajbus gateway: {exc}", file=sys.stderr)
+            return EXIT_USAGE
 
     try:
         app = create_app(settings)
@@ -26,9 +38,10 @@ def serve(settings: GatewaySettings) -> int:
         return EXIT_USAGE
     # log_config=None: uvicorn's lines go through our log setup (configure_logging), formatted as ours
     server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                           log_config=None, access_log=False, timeout_graceful_shutdown=10))
+                                           log_config=None, access_log=False, timeout_graceful_shutdown=10,
+                                           loop="uvloop", http="httptools"))
     app.state.service.stop_serving = lambda: setattr(server, "should_exit", True)  # graceful, as on SIGTERM
-    server.run()
+    server.run(sockets=sockets)
     fatal = app.state.service.fatal
     if fatal:
         print(f"trajbus gateway: {fatal}", file=sys.stderr)

@@ -43,6 +43,19 @@ def free_port(host: str = LOOPBACK) -> int:
         return sock.getsockname()[1]
 
 
+def free_ports(count: int, host: str = LOOPBACK) -> int:
+    """The first of ``count`` consecutive free ports (as ``free_port`` chooses them), for a server that
+    listens on a block of them (``trajbus gateway --instances``)."""
+    ephemeral = ephemeral_ports()
+    chooser = random.SystemRandom()
+    for _ in range(1000):
+        first = chooser.randrange(LOWEST_PORT, 65536 - count)
+        block = range(first, first + count)
+        if not any(port in ephemeral for port in block) and all(port_is_free(port, host) for port in block):
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports on {host}")
+
+
 def port_is_free(port: int, host: str = LOOPBACK) -> bool:
     """Whether a server could listen on ``port`` now. As the JVM's server socket does, connections of
     an earlier run still in TIME_WAIT do not make the port look taken."""

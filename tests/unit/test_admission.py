@@ -60,7 +60,7 @@ def test_per_channel_limits_override_the_defaults():
 
 
 def admission(mark: int, ready: int | None) -> Admission:
-    gate = Admission(AdmissionRules(max_backlog_groups=mark), {}, idle_timeout=600, metrics=GatewayMetrics())
+    gate = Admission(AdmissionRules(max_backlog_groups=mark), {}, idle_timeout=600, metrics=GatewayMetrics("test", "http://test"))
     gate.ready = lambda channel: ready
     return gate
 

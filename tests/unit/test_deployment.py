@@ -93,7 +93,7 @@ def registered_metric_names() -> set[str]:
     from trajbus.streams.stats import WorkerMetrics
 
     names = set()
-    for registry in (GatewayMetrics().registry, WorkerMetrics().registry, REGISTRY):
+    for registry in (GatewayMetrics("test", "http://test").registry, WorkerMetrics().registry, REGISTRY):
         for metric in registry.collect():
             names.add(metric.name)
             names.update(sample.name for sample in metric.samples)

@@ -1,0 +1,155 @@
+"""The gateway's one link to Kafka: the acknowledged producer, the policy versions, the outage watch.
+
+The link connects in a background thread, so the HTTP server answers (``/ready``
+says what is missing) before Kafka does, and retries until it is connected.
+Publishing waits for the broker's acknowledgement, so a 200 still means the
+broker has the record; a record it did not take is a 503 that says what a
+retry does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from trajbus.gateway.config import GatewaySettings
+from trajbus.gateway.errors import GatewayError, from_value_error, unavailable
+from trajbus.gateway.metrics import GatewayMetrics
+from trajbus.infra.bootstrap import resolve_bootstrap_servers
+from trajbus.infra.kafka_config import authentication_failure, connection_properties, explain, redacted
+from trajbus.infra.outage import OutageWatch
+from trajbus.streams.policy import PolicyWatcher
+from trajbus.streams.producer import DeliveryError, StepProducer, TopicsUnavailable
+from trajbus.streams.records import Step
+
+log = logging.getLogger("trajbus.gateway")
+
+STEPS_NOT_ACKNOWLEDGED = "a retry is a new step; the unacknowledged one is never part of the trajectory"
+END_NOT_ACKNOWLEDGED = "retry complete_trajectory (the same end is sent again); the trajectory takes no more calls"
+
+
+def kafka_failure(exc: DeliveryError, consequence: str) -> GatewayError:
+    """503 for records the broker did not take, saying what a retry does."""
+    if isinstance(exc, TopicsUnavailable):
+        return unavailable(f"Kafka unavailable, nothing was sent: {exc}", code="kafka_unavailable")
+    return unavailable(f"not acknowledged by the broker: {exc}; {consequence}", code="not_acknowledged")
+
+
+class KafkaLink:
+    """Connects, publishes acknowledged records, and knows the policy versions of each channel."""
+
+    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics,
+                 on_connected: Callable[[str], None], give_up: Callable[[str], None]) -> None:
+        self.settings, self.metrics = settings, metrics
+        self._on_connected, self._give_up = on_connected, give_up
+        self.producer: StepProducer | None = None
+        self.policy: PolicyWatcher | None = None
+        self.outage: OutageWatch | None = None
+        self.bootstrap_servers: str | None = None
+        self.error: str | None = "connecting to Kafka"
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._connect, name="kafka-connect", daemon=True).start()
+
+    def _connect(self) -> None:
+        """Resolve the broker, provision the default channel, follow the policy topic; retry until done."""
+        while not self._stop.is_set():
+            servers, producer = None, None
+            try:
+                servers = resolve_bootstrap_servers(self.settings.bootstrap_servers)
+                producer = StepProducer(servers, prefix=self.settings.prefix, timeout=self.settings.publish_timeout)
+                producer.provision(self.settings.default_channel)
+                self.policy = PolicyWatcher(servers, prefix=self.settings.prefix)
+                self._on_connected(servers)
+                self.producer, self.error, self.bootstrap_servers = producer, None, servers
+                log.info("kafka producer ready bootstrap=%s prefix=%s connection=%s", servers, self.settings.prefix,
+                         redacted(connection_properties()))
+                self.outage = OutageWatch(servers, self.settings.broker_outage_limit, self._give_up,
+                                          what="gateway (calls are answered 503)").start()
+                return
+            except Exception as exc:  # reported by /ready; retried
+                if producer is not None:
+                    producer.close()
+                refused = authentication_failure(servers)
+                self.error = explain(exc) if refused else f"Kafka not reachable: {exc}"
+                log.warning("kafka connect failed, retrying: %s", self.error)
+                self._stop.wait(2.0)
+
+    def close(self) -> None:
+        """Stop connecting and watching; flush and close the producer."""
+        self._stop.set()
+        if self.outage is not None:
+            self.outage.stop()
+        if self.policy is not None:
+            self.policy.close()
+        if self.producer is not None:
+            self.producer.close()
+
+    # -- readiness --------------------------------------------------------------
+    def missing(self) -> str | None:
+        """Why Kafka cannot take records now; None when it can."""
+        if self.producer is None:
+            return self.error or "Kafka producer not ready"
+        if self.outage is not None and self.outage.down_since is not None:
+            return f"Kafka unreachable for {time.time() - self.outage.down_since:.0f}s"
+        return None
+
+    def require(self) -> StepProducer:
+        """The producer, or 503 while it is not connected."""
+        if self.producer is None:
+            raise unavailable(self.error or "Kafka producer not ready")
+        return self.producer
+
+    # -- records ----------------------------------------------------------------
+    async def publish(self, steps: list[Step | dict[str, Any]], channel: str, source: str,
+                      n_rollouts: int | None = None) -> int:
+        """Publish steps and return once the broker acknowledged every one."""
+        producer = self.require()
+        started = time.monotonic()
+        try:
+            count = await asyncio.to_thread(producer.submit_steps, steps, channel, n_rollouts)
+        except ValueError as exc:
+            raise from_value_error(exc) from None
+        except DeliveryError as exc:
+            raise kafka_failure(exc, STEPS_NOT_ACKNOWLEDGED) from None
+        self.metrics.publish_latency.observe(time.monotonic() - started)
+        self.metrics.steps.labels(channel, source).inc(count)
+        for step in steps:
+            if isinstance(step, Step):
+                self.metrics.tokens.labels("prompt").inc(len(step.prompt_ids))
+                self.metrics.tokens.labels("response").inc(len(step.response_ids))
+                if step.is_last:
+                    self.metrics.reward.labels(str(step.policy_version)).observe(step.reward)
+        return count
+
+    async def ensure_channel(self, channel: str) -> None:
+        """Provision a channel's topics (once) before a step index is taken for it."""
+        producer = self.require()
+        if producer.is_provisioned(channel):  # every call but a channel's first: no thread hop
+            return
+        try:
+            await asyncio.to_thread(producer.provision, channel)
+        except DeliveryError as exc:
+            raise kafka_failure(exc, STEPS_NOT_ACKNOWLEDGED) from None
+
+    async def end_trajectory(self, trajectory_uid: str, prompt_uid: str, reward: float, channel: str,
+                             n_rollouts: int | None, metadata: dict[str, Any], steps: list[int] | None) -> None:
+        """Publish a trajectory's end, acknowledged; ``DeliveryError`` / ``TopicsUnavailable`` as the producer's."""
+        producer = self.require()
+        await asyncio.to_thread(producer.complete_trajectory, trajectory_uid, prompt_uid, reward, channel,
+                                n_rollouts, metadata, steps)
+
+    # -- policy versions --------------------------------------------------------
+    def serving(self, channel: str) -> int | None:
+        """The version the engines serve on a channel (None: not published yet)."""
+        return self.policy.serving(channel) if self.policy is not None else None
+
+    def trainer_version(self, channel: str) -> int | None:
+        return self.policy.current(channel) if self.policy is not None else None
+
+    def versions(self) -> dict[str, Any]:
+        return self.policy.versions() if self.policy is not None else {}

@@ -1,0 +1,158 @@
+"""A black-box trajectory's life: initialized (admitted), registered, called, completed.
+
+The state lives in ``gateway.trajectories`` (SQLite under ``--state-dir``), so a
+restarted instance continues its trajectories; this part holds the rules: who
+may call, what a completion publishes, and that one trajectory's calls publish
+one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import secrets
+import uuid
+import weakref
+from typing import Any
+
+from trajbus.gateway.errors import bad_request, conflict, from_value_error, not_found
+from trajbus.gateway.kafka_link import END_NOT_ACKNOWLEDGED, KafkaLink, kafka_failure
+from trajbus.gateway.metrics import GatewayMetrics
+from trajbus.gateway.pacing import Pacing
+from trajbus.gateway.rewards import RewardScorer
+from trajbus.gateway.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
+from trajbus.streams.producer import DeliveryError, TopicsUnavailable
+from trajbus.streams.records import validate_metadata
+from trajbus.streams.topics import validate_channel
+
+log = logging.getLogger("trajbus.gateway")
+
+
+def checked_metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """Metadata that can go on the wire, else 400 naming the problem."""
+    try:
+        validate_metadata(metadata or {})
+    except ValueError as exc:
+        raise from_value_error(exc) from None
+    try:  # the wire carries it as UTF-8 JSON: a lone surrogate would fail only when a step is sent
+        json.dumps(metadata or {}, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise bad_request("metadata: strings must be valid Unicode (a lone surrogate is not)",
+                          param="metadata") from None
+    return metadata or {}
+
+
+def reward_input(trajectory: Trajectory) -> dict[str, Any]:
+    """What the reward function receives for a trajectory completed without a reward."""
+    conversation = trajectory.last_conversation or []
+    last = conversation[-1] if conversation and conversation[-1].get("role") == "assistant" else {}
+    return {"trajectory_uid": trajectory.trajectory_uid, "prompt_uid": trajectory.prompt_uid,
+            "channel": trajectory.channel, "metadata": trajectory.metadata, "messages": conversation,
+            "response_text": last.get("content") or ""}
+
+
+class TrajectoryLifecycle:
+    """The rules of a trajectory's life, over its stored state."""
+
+    def __init__(self, default_channel: str, store: TrajectoryStore, kafka: KafkaLink, pacing: Pacing,
+                 rewards: RewardScorer, metrics: GatewayMetrics) -> None:
+        self.default_channel, self.store, self.kafka, self.pacing = default_channel, store, kafka, pacing
+        self.rewards, self.metrics = rewards, metrics
+        self._publishing: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    def channel(self, channel: str | None) -> str:
+        try:
+            return validate_channel(channel or self.default_channel)
+        except ValueError as exc:
+            raise bad_request(str(exc), param="channel") from None
+
+    def publishing(self, trajectory_uid: str) -> asyncio.Lock:
+        """One trajectory's calls publish one at a time (each sees the context the previous one left)."""
+        lock = self._publishing.get(trajectory_uid)
+        if lock is None:
+            lock = self._publishing[trajectory_uid] = asyncio.Lock()
+        return lock
+
+    def policy_version(self, trajectory: Trajectory) -> int:
+        """What its steps are stamped with: the version it declared, else the one the engines serve."""
+        if trajectory.policy_version is not None:
+            return trajectory.policy_version
+        version = self.kafka.serving(trajectory.channel)
+        return version if version is not None else 0
+
+    async def init(self, prompt_uid: str | None, channel: str | None, n_rollouts: int | None,
+                   metadata: dict[str, Any] | None, policy_version: int | None, wait: float = 0.0) -> Trajectory:
+        trajectory = Trajectory(trajectory_uid=secrets.token_urlsafe(18),  # 144 random bits: unguessable
+                                prompt_uid=prompt_uid or uuid.uuid4().hex,
+                                channel=self.channel(channel), n_rollouts=n_rollouts,
+                                metadata=checked_metadata(metadata), policy_version=policy_version)
+        await self.pacing.admit(trajectory.trajectory_uid, trajectory.channel, trajectory.prompt_uid,
+                                policy_version, wait)
+        self.store.create(trajectory)
+        self.metrics.trajectories.labels("initialized").inc()
+        log.info("trajectory initialized trajectory=%s prompt=%s channel=%s", trajectory.trajectory_uid,
+                 trajectory.prompt_uid, trajectory.channel)
+        return trajectory
+
+    def get(self, trajectory_uid: str, prompt_uid: str, open_only: bool = True) -> Trajectory:
+        """The trajectory of a base_url: 404 if unknown, 409 if completed (when ``open_only``)."""
+        trajectory = self.store.get(trajectory_uid)
+        if trajectory is None or trajectory.prompt_uid != prompt_uid:
+            raise not_found(f"unknown trajectory {trajectory_uid!r}: call POST /init_trajectory for a base_url")
+        if open_only and trajectory.status != OPEN:
+            raise conflict(f"trajectory {trajectory_uid} is {trajectory.status}")
+        return trajectory
+
+    def register(self, trajectory: Trajectory, channel: str | None, n_rollouts: int | None,
+                 metadata: dict[str, Any] | None, policy_version: int | None) -> Trajectory:
+        changes: dict[str, Any] = {}
+        if channel is not None and channel != trajectory.channel:
+            if trajectory.next_step:
+                raise conflict("channel cannot change after the trajectory's first call")
+            changes["channel"] = self.channel(channel)
+        if n_rollouts is not None:
+            changes["n_rollouts"] = n_rollouts
+        if metadata:
+            changes["metadata"] = checked_metadata({**trajectory.metadata, **metadata})
+        if policy_version is not None:
+            changes["policy_version"] = policy_version
+        if changes:
+            self.store.update(trajectory.trajectory_uid, **changes)
+        return dataclasses.replace(trajectory, **changes)
+
+    async def complete(self, trajectory: Trajectory, reward: float | None,
+                       metadata: dict[str, Any] | None) -> tuple[float, Trajectory]:
+        """Score (when no reward is given) and publish the trajectory's end naming its acknowledged
+        steps (``END_STEPS``; none when unknown, and the worker's 0..last rule applies); 409 the second
+        time. Returns the reward and the trajectory as it was completed."""
+        uid = trajectory.trajectory_uid
+        if trajectory.status == COMPLETED:
+            raise conflict(f"trajectory {uid} is already completed")
+        if not trajectory.published_steps:
+            raise bad_request(f"trajectory {uid} has no steps to complete", code="empty_trajectory")
+        if reward is None:
+            reward = await self.rewards.answer(reward_input(trajectory))
+        self.kafka.require()
+        metadata = checked_metadata(metadata)
+        async with self.publishing(uid):  # calls in flight have published or failed: the list is final
+            closed = self.store.transition(uid, OPEN, COMPLETING)  # from now on: no more calls
+            current = self.store.get(uid)
+            if not closed and current.status != COMPLETING:  # completing: an earlier end may land
+                raise conflict(f"trajectory {uid} is already {current.status}")
+            try:
+                await self.kafka.end_trajectory(uid, trajectory.prompt_uid, reward, trajectory.channel,
+                                                trajectory.n_rollouts, metadata, current.acknowledged)
+            except TopicsUnavailable as exc:  # nothing was sent: the trajectory may go on
+                self.store.transition(uid, COMPLETING, OPEN)
+                raise kafka_failure(exc, END_NOT_ACKNOWLEDGED) from None
+            except DeliveryError as exc:  # the end may still land: only a retry of the same end is accepted
+                raise kafka_failure(exc, END_NOT_ACKNOWLEDGED) from None
+            self.store.transition(uid, COMPLETING, COMPLETED)
+        self.pacing.release(uid)
+        self.metrics.trajectories.labels("completed").inc()
+        self.metrics.reward.labels(str(self.policy_version(trajectory))).observe(reward)
+        log.info("trajectory completed trajectory=%s prompt=%s steps=%d reward=%s", uid, trajectory.prompt_uid,
+                 current.published_steps, reward)
+        return reward, current
