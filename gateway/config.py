@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,11 @@ def _channel_admission(text: str) -> tuple[str, str, int | None]:
     return channel, name, None if value.lower() == "off" else positive_int(value)
 
 
+def _instances(text: str) -> int:
+    """``--instances``: a positive count, or ``auto``: one per core this process may run on."""
+    return len(os.sched_getaffinity(0)) if text.strip().lower() == "auto" else positive_int(text)
+
+
 @dataclass
 class GatewaySettings:
     """Every gateway setting: a flag each (``add_gateway_arguments``) and a ``TRAJBUS_GATEWAY_*`` variable."""
@@ -87,10 +93,10 @@ class GatewaySettings:
         None, help="this gateway's name in a fleet: its in-flight groups on Kafka, /statistics and metrics "
                    "(off: HOSTNAME-PORT; keep it across restarts)")
     instances: int = setting(
-        1, parse=positive_int,
+        1, parse=_instances,
         help="start N gateway processes on this host as one door: any of them answers on --port; instance i "
              "also listens on --port + 1 + i, which its base_urls name, with its own state under "
-             "--state-dir/instance-i; a process that dies is restarted")
+             "--state-dir/instance-i; a process that dies is restarted; auto: one per core")
     max_concurrent_calls: int = setting(
         512, parse=positive_int,
         help="engine calls (chat/completions, /generate) one instance serves at once; beyond, a call is "

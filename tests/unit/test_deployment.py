@@ -54,20 +54,28 @@ def test_compose_commands_and_environment_exist_in_the_code():
 def test_kubernetes_deployments_and_strimzi_topics_match_the_code():
     documents = [d for f in sorted((INFRA / "deploy" / "k8s").glob("*.yaml"))
                  for d in yaml.safe_load_all(f.read_text()) if d]
-    deployments = [d for d in documents if d["kind"] == "Deployment"]
+    deployments = [d for d in documents if d["kind"] in ("Deployment", "StatefulSet")]
     assert {d["metadata"]["name"] for d in deployments} == {"trajbus-gateway", "trajbus-worker"}
     for deployment in deployments:
         for container in deployment["spec"]["template"]["spec"]["containers"]:
             parses(container["args"])
             variables = {e["name"] for e in container["env"]}
             assert "TRAJBUS_BOOTSTRAP_SERVERS" in variables
-            assert all(declared_variable(name) for name in variables), variables
+            assert all(declared_variable(name) for name in variables - {"POD_NAME"}), variables
             credentials = [source["secretRef"] for source in container["envFrom"]]  # TRAJBUS_KAFKA_* of a secret
             assert credentials == [{"name": "trajbus-kafka", "optional": True}]
     gateway = next(d for d in deployments if d["metadata"]["name"] == "trajbus-gateway")
     probes = gateway["spec"]["template"]["spec"]["containers"][0]
     assert probes["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert probes["livenessProbe"]["httpGet"]["path"] == "/health"
+    # Each pod's base_urls name the pod, through the headless service the StatefulSet is governed by.
+    assert gateway["kind"] == "StatefulSet" and gateway["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "state"
+    args = probes["args"]
+    headless = next(d for d in documents
+                    if d["kind"] == "Service" and d["metadata"]["name"] == gateway["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    assert args[args.index("--public-url") + 1] == f"http://$(POD_NAME).{headless['metadata']['name']}:8100"
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in probes["env"]
 
     topics = {d["spec"]["topicName"]: d["spec"] for d in documents if d["kind"] == "KafkaTopic"}
     expected = {s.name: s for s in TopicSettings().specs(("train", "val"))}
