@@ -17,23 +17,28 @@ come with their log-probs. Not ``return_token_ids``: it makes vLLM echo the
 whole prompt's ids in every answer, which the gateway would parse only to drop
 (8k ids of JSON per call on a long conversation). An answer that carries
 ``token_ids`` anyway is read from them.
+
+The engine client is aiohttp (its per-request overhead at hundreds of concurrent
+calls is a fraction of httpx's), and request and answer bodies are orjson: the
+8k-id prompt of a long conversation is encoded in C.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-import httpx
+import aiohttp
+import orjson
 
 log = logging.getLogger("trajbus.gateway")
 
-NO_ANSWER = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ReadError, httpx.RemoteProtocolError)
-"""Errors of ``send`` before any response header: nothing came back, so another backend may try."""
+NO_ANSWER = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, aiohttp.ConnectionTimeoutError)
+"""Errors before any response header (refused, reset, a keep-alive connection the server closed, no
+connection in time): nothing came back, so another backend may try."""
 
 
 class NoBackendAvailable(RuntimeError):
@@ -100,6 +105,8 @@ def request_body(prompt_ids: list[int], sampling: dict[str, Any], model: str | N
     return body
 
 
+HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+JSON_HEADERS = {"Content-Type": "application/json"}
 KEEPALIVE_SECONDS = 2.0
 """Idle connections are dropped before servers close them (uvicorn, vLLM's server: after 5 s), so a
 request is never sent on a connection the server is closing."""
@@ -113,19 +120,19 @@ class BackendPool:
         self.health_interval = health_interval
         self.model: str | None = None
         self._sticky: dict[str, str] = {}  # trajectory uid -> backend, for white-box callers (bounded)
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=5.0),
-                                        limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256,
-                                                            keepalive_expiry=KEEPALIVE_SECONDS))
+        self.timeout = timeout
+        self.session: aiohttp.ClientSession | None = None
+        """Made by ``start``, on the event loop it serves."""
         self._health_task: asyncio.Task | None = None
 
     # -- health -----------------------------------------------------------------
     async def check(self, backend: Backend) -> bool:
         try:
-            response = await self.client.get(f"{backend.address}/health", timeout=5.0)
-            ok = response.status_code == 200
+            async with self.session.get(f"{backend.address}/health", timeout=HEALTH_TIMEOUT) as response:
+                ok = response.status == 200
             if ok and self.model is None:
                 self.model = await self._model_name(backend)
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             ok, backend.last_error = False, f"{type(exc).__name__}: {exc}"
         if ok != backend.healthy:
             log.warning("backend %s address=%s", "back in" if ok else "taken out", backend.address)
@@ -134,15 +141,20 @@ class BackendPool:
 
     async def _model_name(self, backend: Backend) -> str | None:
         try:
-            data = (await self.client.get(f"{backend.address}/v1/models", timeout=5.0)).json()["data"]
-            return data[0]["id"]
-        except (httpx.HTTPError, ValueError, KeyError, IndexError):
+            async with self.session.get(f"{backend.address}/v1/models", timeout=HEALTH_TIMEOUT) as response:
+                return orjson.loads(await response.read())["data"][0]["id"]
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError, TypeError):
             return None
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(b) for b in self.backends.values()))
 
     def start(self) -> None:
+        """On the event loop: open the client and check the backends from now on."""
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=1024, keepalive_timeout=KEEPALIVE_SECONDS),
+            timeout=aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=self.timeout))
+
         async def loop() -> None:
             while True:
                 await self.check_all()
@@ -153,7 +165,8 @@ class BackendPool:
     async def close(self) -> None:
         if self._health_task is not None:
             self._health_task.cancel()
-        await self.client.aclose()
+        if self.session is not None:
+            await self.session.close()
 
     @property
     def ready(self) -> bool:
@@ -189,31 +202,36 @@ class BackendPool:
         backend.last_error = f"{type(exc).__name__}: {exc}"
         log.warning("backend taken out address=%s error=%s", backend.address, backend.last_error)
 
-    async def _send(self, body: dict[str, Any], preferred: str | None) -> tuple[Backend, httpx.Response]:
+    async def _send(self, body: dict[str, Any], preferred: str | None
+                    ) -> tuple[Backend, aiohttp.ClientResponse]:
+        payload = orjson.dumps(body)
         tried: set[str] = set()
         while True:
             backend = self.pick(preferred, exclude=tried)
             tried.add(backend.address)
-            request = self.client.build_request("POST", f"{backend.address}/v1/completions", json=body)
             backend.in_flight += 1
             backend.requests += 1
             try:
-                response = await self.client.send(request, stream=True)
+                response = await self.session.post(f"{backend.address}/v1/completions", data=payload,
+                                                   headers=JSON_HEADERS)
             except NO_ANSWER as exc:  # nothing came back: safe to try another backend
                 backend.in_flight -= 1
                 self._refused(backend, exc)
                 continue
-            except httpx.HTTPError as exc:
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 backend.in_flight -= 1
                 backend.failures += 1
                 raise BackendError(f"backend {backend.address} failed after the request was sent: "
                                    f"{type(exc).__name__}: {exc}") from exc
-            if response.status_code != 200:
+            if response.status != 200:
                 backend.in_flight -= 1
-                detail = (await response.aread()).decode(errors="replace")[:2000]
-                await response.aclose()
-                raise BackendError(f"backend {backend.address} answered {response.status_code}: {detail}",
-                                   status=400 if response.status_code == 400 else 502)
+                try:
+                    detail = (await response.read()).decode(errors="replace")[:2000]
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    detail = f"(its body broke off: {type(exc).__name__})"
+                response.release()
+                raise BackendError(f"backend {backend.address} answered {response.status}: {detail}",
+                                   status=400 if response.status == 400 else 502)
             return backend, response
 
     async def complete(self, prompt_ids: list[int], sampling: dict[str, Any],
@@ -221,15 +239,15 @@ class BackendPool:
         """One non-streaming call; returns the backend used and its choices."""
         backend, response = await self._send(request_body(prompt_ids, sampling, self.model, False), preferred)
         try:
-            data = json.loads(await response.aread())
-        except (httpx.HTTPError, ValueError) as exc:
+            data = orjson.loads(await response.read())
+            choices = [Completion(c["index"], _ids_of(c), _logprobs_of(c), c.get("text", ""),
+                                  c.get("finish_reason") or "stop") for c in data["choices"]]
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
             backend.failures += 1
             raise BackendError(f"backend {backend.address} broke off: {type(exc).__name__}: {exc}") from exc
         finally:
             backend.in_flight -= 1
-            await response.aclose()
-        choices = [Completion(c["index"], _ids_of(c), _logprobs_of(c), c.get("text", ""),
-                              c.get("finish_reason") or "stop") for c in data["choices"]]
+            response.release()
         return backend.address, sorted(choices, key=lambda c: c.index)
 
     async def stream(self, prompt_ids: list[int], sampling: dict[str, Any],
@@ -239,25 +257,26 @@ class BackendPool:
 
         async def deltas() -> AsyncIterator[Completion]:
             try:
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
+                async for raw in response.content:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
                         continue
                     payload = line[5:].strip()
-                    if payload == "[DONE]":
+                    if payload == b"[DONE]":
                         return
-                    chunk = json.loads(payload)
+                    chunk = orjson.loads(payload)
                     if "error" in chunk:
                         raise BackendError(f"backend {backend.address} failed mid-stream: {chunk['error']}")
                     for choice in chunk.get("choices", []):
                         ids = _ids_of(choice) if (choice.get("token_ids") or choice.get("logprobs")) else []
                         yield Completion(choice["index"], ids, _logprobs_of(choice) if ids else [],
                                          choice.get("text") or "", choice.get("finish_reason"))
-            except httpx.HTTPError as exc:
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                 backend.failures += 1
                 raise BackendError(f"backend {backend.address} broke off mid-stream: {exc}") from exc
             finally:
                 backend.in_flight -= 1
-                await response.aclose()
+                response.release()
 
         return backend.address, deltas()
 

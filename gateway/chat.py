@@ -17,14 +17,14 @@ leaves an index for the worker to wait on or for a retry to reuse.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from fastapi.responses import JSONResponse, StreamingResponse
+import orjson
+from fastapi.responses import ORJSONResponse, StreamingResponse
 
 from trajbus.gateway import tool_calls
 from trajbus.gateway.backends import BackendError, Completion, NoBackendAvailable
@@ -50,6 +50,11 @@ def check_prompt_length(prompt_ids: list[int], limit: int, what: str = "messages
     if len(prompt_ids) > limit:
         raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {what} "
                           f"resulted in {len(prompt_ids)} tokens.", param=what, code="context_length_exceeded")
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    """One server-sent event carrying ``payload`` as JSON."""
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def check_logprobs(completion: Completion) -> None:
@@ -164,7 +169,7 @@ class _Call:
         return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": generated,
                 "total_tokens": len(self.prompt_ids) + generated}
 
-    async def complete(self) -> JSONResponse:
+    async def complete(self) -> ORJSONResponse:
         try:
             backend, completions = await self.parts.backends.complete(
                 self.prompt_ids, self.sampling, preferred=self.trajectory.backend)
@@ -177,13 +182,13 @@ class _Call:
         choices = [{"index": c.index, "message": self._message(p), "logprobs": None,
                     "finish_reason": "tool_calls" if p.tool_calls else c.finish_reason}
                    for c, p in zip(completions, parsed)]
-        return JSONResponse({"id": self.id, "object": "chat.completion", "created": self.created,
+        return ORJSONResponse({"id": self.id, "object": "chat.completion", "created": self.created,
                              "model": self.model, "choices": choices, "usage": self._usage(completions)})
 
-    def _chunk(self, index: int, delta: dict[str, Any], finish_reason: str | None = None) -> str:
+    def _chunk(self, index: int, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         payload = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                    "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
-        return f"data: {json.dumps(payload)}\n\n"
+        return sse(payload)
 
     async def stream(self) -> StreamingResponse:
         try:  # connect before answering: a refused connection is retried, an unavailable pool is a 503
@@ -193,7 +198,7 @@ class _Call:
             raise backend_failure(exc) from None
         return StreamingResponse(self._events(backend, deltas), media_type="text/event-stream")
 
-    async def _events(self, backend: str, deltas: AsyncIterator) -> AsyncIterator[str]:
+    async def _events(self, backend: str, deltas: AsyncIterator) -> AsyncIterator[bytes]:
         choices = {i: _StreamedChoice(i) for i in range(self.request.n)}
         try:
             for index in choices:
@@ -213,7 +218,7 @@ class _Call:
         except (BackendError, GatewayError) as exc:
             error = backend_failure(exc) if isinstance(exc, BackendError) else exc
             log.warning("chat stream failed trajectory=%s error=%s", self.trajectory.trajectory_uid, error.message)
-            yield f"data: {json.dumps(error.body())}\n\n"
+            yield sse(error.body())
             return
         for choice, output in zip(completions, parsed):
             if output.tool_calls:
@@ -225,5 +230,5 @@ class _Call:
         if (self.request.stream_options or {}).get("include_usage"):
             usage = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                      "choices": [], "usage": self._usage(completions)}
-            yield f"data: {json.dumps(usage)}\n\n"
-        yield "data: [DONE]\n\n"
+            yield sse(usage)
+        yield b"data: [DONE]\n\n"

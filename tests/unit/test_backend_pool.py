@@ -14,7 +14,7 @@ A, B, C = "http://a:1", "http://b:1", "http://c:1"
 
 @pytest.fixture
 def pool():
-    pool = BackendPool([A, B, C])  # builds an httpx client but sends nothing until asked
+    pool = BackendPool([A, B, C])  # no client until started: sends nothing
     for backend in pool.backends.values():
         backend.healthy = True
     yield pool
