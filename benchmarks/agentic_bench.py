@@ -6,7 +6,9 @@ with ``--long``, as ``make bench`` runs it), on one embedded broker in one run:
   topic of the same partitions: the baseline;
 - end to end: ``submit_steps`` (all groups in flight, turn by turn) -> worker (started and
   recovered before the clock starts) -> ``fetch_dataproto`` (verl rows), in steps/s and
-  distinct tokens/s, and the ratio;
+  distinct tokens/s, and the ratio, at two call patterns side by side: calls of 64 steps from
+  one thread, and the gateway's, one acknowledged step per call from ``--callers`` threads
+  (16), each an agent's lane (a fresh topic prefix and worker for each);
 - bytes on the broker's disk per topic (steps, groups, the worker's changelog) against the
   bytes of the distinct token ids and log-probs (4 bytes each);
 - the worker's peak resident memory;
@@ -157,35 +159,53 @@ def recovery(bootstrap: str, prefix: str, workload: Workload, workdir: Path) -> 
 
 def run(workload: Workload, bootstrap: str, data_dir: Path | None, workdir: Path, batch_groups: int,
         with_recovery: bool = True, callers: int = 0) -> dict:
-    """One workload: raw baseline, end to end, bytes per topic, the worker's peak memory (and, for the
-    multi-turn one, recovery unless ``with_recovery`` is False)."""
+    """One workload at one call pattern (``callers``, as ``submit``): raw baseline, end to end, bytes per
+    topic, the worker's peak memory (and, for the multi-turn one, recovery unless ``with_recovery`` is False)."""
+    return run_patterns(workload, bootstrap, data_dir, workdir, batch_groups, with_recovery, (callers,))[0]
+
+
+def run_patterns(workload: Workload, bootstrap: str, data_dir: Path | None, workdir: Path, batch_groups: int,
+                 with_recovery: bool = True, patterns: tuple[int, ...] = (0,)) -> list[dict]:
+    """One workload, one raw baseline, then end to end at each call pattern (``callers`` of ``submit``), each
+    under its own topic prefix with its own worker: one result per pattern, its ratio against that baseline.
+    Recovery (multi-turn, unless ``with_recovery`` is False) goes with the first pattern."""
     groups = generate(workload, seed=1)
     steps = turn_by_turn(groups, workload.turns)
     print(f"{workload.name}: {workload.describe()} ({len(steps)} steps) ...", flush=True)
     raw_s = raw_round_trip(bootstrap, [(s.prompt_uid.encode(), codec.encode(s)) for s in steps], partitions=8)
-    prefix = f"bench-{workload.name}-{uuid.uuid4().hex[:6]}"
-    with StepProducer(bootstrap, prefix=prefix) as producer:
-        producer.provision("train")
-    worker = worker_process(bootstrap, prefix, workdir / f"worker-{workload.name}.log",
-                            n_rollouts=workload.rollouts, extra=["--stats-interval", "0.5"]).start()
-    try:
-        wait_until_running(bootstrap, prefix, worker)
-        e2e_s = end_to_end(bootstrap, prefix, workload, steps, batch_groups, callers)
-        memory = peak_memory_mb(worker.pid)
-    finally:
-        worker.stop()
-    distinct = distinct_bytes(workload)
-    result = {"workload": workload.name, "shape": workload.describe(), "steps": len(steps),
-              "raw_steps_per_s": len(steps) / raw_s, "e2e_steps_per_s": len(steps) / e2e_s,
-              "e2e_distinct_tokens_per_s": distinct_tokens(workload) / e2e_s, "ratio": raw_s / e2e_s,
-              "worker_peak_mb": memory, "distinct_bytes": distinct}
-    if data_dir is not None:
-        result["bytes"] = {"steps": topic_bytes(data_dir, f"{prefix}.steps.train"),
-                           "groups": topic_bytes(data_dir, f"{prefix}.groups.train"),
-                           "changelog": topic_bytes(data_dir, f"{prefix}-worker-train-{STATE_TABLE}-changelog")}
-    if workload is MULTI_TURN and with_recovery:
-        result["recovery_s"] = recovery(bootstrap, f"{prefix}-rec", workload, workdir)
-    return result
+    results = []
+    for callers in patterns:
+        prefix = f"bench-{workload.name}-{uuid.uuid4().hex[:6]}"
+        with StepProducer(bootstrap, prefix=prefix) as producer:
+            producer.provision("train")
+        worker = worker_process(bootstrap, prefix, workdir / f"worker-{workload.name}-{callers}.log",
+                                n_rollouts=workload.rollouts, extra=["--stats-interval", "0.5"]).start()
+        try:
+            wait_until_running(bootstrap, prefix, worker)
+            e2e_s = end_to_end(bootstrap, prefix, workload, steps, batch_groups, callers)
+            memory = peak_memory_mb(worker.pid)
+        finally:
+            worker.stop()
+        print(f"  {calls(callers)}: {e2e_s:.1f} s end to end, raw {raw_s:.1f} s", flush=True)
+        distinct = distinct_bytes(workload)
+        result = {"workload": workload.name, "shape": workload.describe(), "steps": len(steps),
+                  "callers": callers, "calls": calls(callers),
+                  "raw_steps_per_s": len(steps) / raw_s, "e2e_steps_per_s": len(steps) / e2e_s,
+                  "e2e_distinct_tokens_per_s": distinct_tokens(workload) / e2e_s, "ratio": raw_s / e2e_s,
+                  "worker_peak_mb": memory, "distinct_bytes": distinct}
+        if data_dir is not None:
+            result["bytes"] = {"steps": topic_bytes(data_dir, f"{prefix}.steps.train"),
+                               "groups": topic_bytes(data_dir, f"{prefix}.groups.train"),
+                               "changelog": topic_bytes(data_dir, f"{prefix}-worker-train-{STATE_TABLE}-changelog")}
+        if workload is MULTI_TURN and with_recovery and not results:
+            result["recovery_s"] = recovery(bootstrap, f"{prefix}-rec", workload, workdir)
+        results.append(result)
+    return results
+
+
+def calls(callers: int) -> str:
+    """The call pattern of ``submit``, as the table names it."""
+    return f"1 step x {callers} threads" if callers else "64 steps x 1 thread"
 
 
 def print_table(results: list[dict]) -> None:
@@ -193,12 +213,13 @@ def print_table(results: list[dict]) -> None:
     for r in results:
         b = r.get("bytes", {})
         per = (lambda k: f"{b[k] / r['distinct_bytes']:.2f}x") if b else (lambda k: "n/a")
-        rows.append([r["workload"], f"{r['raw_steps_per_s']:.0f}", f"{r['e2e_steps_per_s']:.1f}", f"{r['ratio']:.2f}x",
+        rows.append([r["workload"], r.get("calls", calls(r.get("callers", 0))), f"{r['raw_steps_per_s']:.0f}",
+                     f"{r['e2e_steps_per_s']:.1f}", f"{r['ratio']:.2f}x",
                      f"{r['e2e_distinct_tokens_per_s']:.0f}", per("steps"), per("groups"),
                      f"{b['changelog'] / b['steps']:.2f}x" if b else "n/a", f"{r['worker_peak_mb']:.0f}",
                      f"{r['recovery_s']:.1f}" if "recovery_s" in r else "-"])
     print()
-    draw_table(["workload", "raw steps/s", "e2e steps/s", "ratio", "tokens/s", "steps/dist", "groups/dist",
+    draw_table(["workload", "calls", "raw steps/s", "e2e steps/s", "ratio", "tokens/s", "steps/dist", "groups/dist",
                  "chlog/steps", "peak MB", "recovery s"], rows)
     print("targets: single_turn ratio >= 0.5x; multi_turn ratio >= 1.0x, steps and groups <= 1.25x distinct, "
           "changelog <= 0.25x steps, recovery <= 15 s")
@@ -207,6 +228,9 @@ def print_table(results: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.agentic_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--long", action="store_true", help="also the long-context workload (16 x 40 turns, 62k)")
+    parser.add_argument("--callers", type=int, default=16,
+                        help="beside calls of 64 steps from one thread, one step per call from this many threads "
+                             "(the gateway's pattern; 0: only calls of 64 steps; default: %(default)s)")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="trajbus-agentic-"))
     broker, data_dir = None, None
@@ -217,7 +241,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         data_dir = broker.data_dir
     plan = [(SINGLE_TURN, 8), (MULTI_TURN, 8)] + ([(LONG_CONTEXT, 1)] if args.long else [])
     try:
-        results = [run(workload, bootstrap, data_dir, workdir, batch) for workload, batch in plan]
+        patterns = (0, args.callers) if args.callers else (0,)
+        results = [r for workload, batch in plan
+                   for r in run_patterns(workload, bootstrap, data_dir, workdir, batch, patterns=patterns)]
     finally:
         if broker is not None:
             broker.stop()
