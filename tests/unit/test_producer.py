@@ -1,0 +1,101 @@
+"""The producer's waiting, without a broker: a call settles on its own delivery reports, and a call nobody
+acknowledges fails as ``DeliveryError`` (or ``TopicsUnavailable``), from threads and coroutines alike."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from trajbus.streams.prefix import PROMPT_FULL
+from trajbus.streams.producer import DeliveryError, StepProducer, TopicsUnavailable, _Acks, _Poller
+from tests.unit.test_prefix import trajectory
+
+NOBODY = "127.0.0.1:1"  # nobody listens
+
+
+class FakeClient:
+    """Serves the delivery reports it is handed, on the thread that polls it."""
+
+    def __init__(self) -> None:
+        self.reports: list[_Acks] = []
+        self.lock = threading.Lock()
+        self.polled_on: set[str] = set()
+
+    def poll(self, timeout: float) -> int:
+        self.polled_on.add(threading.current_thread().name)
+        with self.lock:
+            reports, self.reports = self.reports, []
+        for acks in reports:
+            acks(None, None)
+        if not reports:
+            threading.Event().wait(timeout / 10)
+        return len(reports)
+
+
+def test_the_poll_thread_settles_each_call_on_its_own_reports_and_sleeps_when_none_is_in_flight():
+    client = FakeClient()
+    poller = _Poller(client)
+    calls = [_Acks(2) for _ in range(3)]
+    for acks in calls:
+        poller.track(acks)
+    assert poller.in_flight == 3
+    with client.lock:
+        client.reports += [calls[0], calls[0], calls[1]]
+    assert calls[0].done.wait(5) and calls[0].delivered == 2
+    assert not calls[1].done.is_set() and not calls[2].done.is_set()
+    with client.lock:
+        client.reports += [calls[1], calls[2], calls[2]]
+    assert all(acks.done.wait(5) for acks in calls)
+    assert poller.in_flight == 0
+    assert client.polled_on == {"trajbus-producer-poll"}, "callers never poll"
+    poller.stop()
+    assert not poller.thread.is_alive()
+    with pytest.raises(DeliveryError, match="closed"):
+        poller.track(_Acks(1))
+
+
+def test_a_call_whose_producing_failed_part_way_settles_on_the_records_queued():
+    settled = []
+    acks = _Acks(3, on_settled=lambda: settled.append(True))
+    acks(None, None)
+    acks.expect(2)  # the third record was never queued
+    assert not acks.done.is_set()
+    acks(None, None)
+    assert acks.done.is_set() and settled == [True] and acks.delivered == 2
+    nothing = _Acks(2)
+    nothing.expect(0)
+    assert nothing.done.is_set()
+
+
+def test_an_async_call_nobody_acknowledges_raises_and_the_trajectorys_next_step_is_written_whole():
+    first, second = trajectory("t", 3)[:2]
+    with StepProducer(NOBODY, timeout=0.5, provision_topics=False) as producer:
+        with pytest.raises(DeliveryError, match="1 of 1 records .* not acknowledged within 0.5s"):
+            asyncio.run(producer.submit_steps_async([first], channel="train"))
+        assert producer._prefixes.delta(second).kind == PROMPT_FULL  # step 0 may never have arrived
+        with pytest.raises(DeliveryError, match="not acknowledged"):
+            asyncio.run(producer.complete_trajectory_async("t", "p", channel="train"))
+
+
+def test_a_cancelled_async_call_forgets_its_trajectories_as_a_failed_one_does():
+    first, second = trajectory("t", 3)[:2]
+
+    async def cancelled(producer: StepProducer) -> None:
+        call = asyncio.ensure_future(producer.submit_steps_async([first], channel="train"))
+        await asyncio.sleep(0.1)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    with StepProducer(NOBODY, timeout=1.5, provision_topics=False) as producer:
+        asyncio.run(cancelled(producer))
+        assert producer._prefixes.delta(second).kind == PROMPT_FULL
+
+
+def test_an_async_call_to_an_unreachable_broker_raises_topics_unavailable():
+    with StepProducer(NOBODY, timeout=0.5) as producer:
+        with pytest.raises(TopicsUnavailable, match="topics of channel 'train' not provisioned"):
+            asyncio.run(producer.submit_steps_async(trajectory("t", 1), channel="train"))
+        assert not producer.is_provisioned("train")
