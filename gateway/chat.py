@@ -17,6 +17,8 @@ leaves an index for the worker to wait on or for a retry to reuse.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -36,6 +38,11 @@ from trajbus.gateway.trajectories import Trajectory
 from trajbus.streams.records import CONTINUES, SEGMENT_START, Step
 
 log = logging.getLogger("trajbus.gateway")
+
+
+INLINE_CHARACTERS = 16384
+"""New text up to this size (a few thousand tokens, about a millisecond to render and tokenize) is built on
+the event loop; more, such as a whole conversation to render, in a worker thread, so other calls keep flowing."""
 
 
 def backend_failure(exc: Exception) -> GatewayError:
@@ -89,9 +96,15 @@ class ChatCompletions:
     async def create(self, trajectory: Trajectory, request: ChatCompletionRequest):
         self.require("tokenizer", "kafka", "backend")
         messages = [m.for_template() for m in request.messages]
+        prompts = self.tokenizer.prompts
+        build = functools.partial(prompts.build, messages, request.tools, trajectory.last_conversation,
+                                  trajectory.context_ids)
         try:
-            prompt = self.tokenizer.prompts.build(messages, request.tools, trajectory.last_conversation,
-                                                  trajectory.context_ids)
+            if prompts.characters_to_render(messages, trajectory.last_conversation,
+                                            trajectory.context_ids) <= INLINE_CHARACTERS:
+                prompt = build()
+            else:  # a long render would hold every other call: a worker thread does it
+                prompt = await asyncio.to_thread(build)
         except Exception as exc:  # the template refused the conversation (e.g. roles out of order)
             raise bad_request(f"messages: the chat template cannot render this conversation: {exc}",
                               param="messages") from None

@@ -21,10 +21,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 CUMULATIVE, RENDER = "cumulative", "render"
 MULTI_TURN_MODES = (CUMULATIVE, RENDER)
 
 _MARK = "\ue000trajbus-assistant\ue000"  # content of the stand-in assistant turn (private-use characters)
+CLOSINGS_KEPT = 64
 _STAND_IN = [{"role": "user", "content": "\ue001"}, {"role": "assistant", "content": _MARK}]
 
 
@@ -75,6 +78,8 @@ class PromptBuilder:
         if mode not in MULTI_TURN_MODES:
             raise ValueError(f"multi_turn: must be one of {MULTI_TURN_MODES}, got {mode!r}")
         self.tokenizer, self.mode = tokenizer, mode
+        self._closings: dict[bytes, tuple[str, list[int]] | None] = {}
+        """Per tool list: what the template writes after an assistant turn, as text and ids (None: no mark)."""
 
     def _text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
               generation_prompt: bool) -> str:
@@ -83,6 +88,17 @@ class PromptBuilder:
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _closing(self, tools: list[dict[str, Any]] | None) -> tuple[str, list[int]] | None:
+        """The end of an assistant turn under these tools (the same for every call that offers them)."""
+        key = orjson.dumps(tools or None, option=orjson.OPT_SORT_KEYS)
+        if key not in self._closings:
+            closed = self._text(_STAND_IN, tools, False)
+            closing = closed[closed.index(_MARK) + len(_MARK):] if _MARK in closed else None
+            if len(self._closings) >= CLOSINGS_KEPT:
+                self._closings.clear()
+            self._closings[key] = None if closing is None else (closing, self._encode(closing))
+        return self._closings[key]
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         """The whole conversation's chat template, generation prompt included."""
@@ -93,20 +109,27 @@ class PromptBuilder:
         """``context_ids`` + the template of ``new_messages`` after an assistant turn; None if the
         template does not separate them (then the caller renders the whole conversation)."""
         try:
-            closed = self._text(_STAND_IN, tools, False)
+            known = self._closing(tools)
             text = self._text(_STAND_IN + new_messages, tools, True)
         except Exception:  # a template that refuses the stand-in: render the whole conversation
             return None
-        if _MARK not in closed or _MARK not in text:
+        if known is None or _MARK not in text:
             return None
-        closing = closed[closed.index(_MARK) + len(_MARK):]  # what the template writes after a reply
+        closing, closing_ids = known  # what the template writes after a reply
         tail = text[text.index(_MARK) + len(_MARK):]
         if not tail.startswith(closing):
             return None
-        closing_ids, tail_ids = self._encode(closing), self._encode(tail)
+        tail_ids = self._encode(tail)
         if tail_ids[:len(closing_ids)] != closing_ids:  # BPE merged across the end of the turn
             return None
         return context_ids + tail_ids[_overlap(context_ids, closing_ids):]
+
+    def characters_to_render(self, messages: list[dict[str, Any]], conversation: list[dict[str, Any]] | None,
+                             context_ids: list[int] | None) -> int:
+        """About how much text ``build`` renders and tokenizes: the new messages', or the whole conversation's."""
+        if self.mode == CUMULATIVE and context_ids and extends(messages, conversation):
+            messages = messages[len(conversation):]
+        return sum(len(m.get("content") or "") for m in messages)
 
     def build(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
               conversation: list[dict[str, Any]] | None, context_ids: list[int] | None) -> Prompt:

@@ -22,8 +22,12 @@ unknown (or a gateway killed while sending it) leaves the trajectory
 end again (the worker counts the first to arrive).
 
 The token state of the conversation (``context_ids``: the last prompt and the
-response sampled for it, and the index of that step) is kept as packed 32-bit
-ids, so a restarted gateway continues the conversation token-exactly.
+response sampled for it, and the index of that step) and the conversation itself
+are kept as turns, each what a call added (packed 32-bit ids, JSON messages) and
+how much of the previous state it kept, so a call writes its new tokens and
+messages, never the whole conversation, and a restarted gateway replays them to
+continue token-exactly. The trajectories in use are also held in memory (a
+bounded write-through cache), so a call reads nothing from disk.
 
 The state is bounded (``sweep``): a trajectory without a call for the idle
 timeout is ``abandoned`` (it takes no more calls; the worker's group timeout
@@ -35,11 +39,13 @@ its 409.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
-from array import array
 import threading
 import time
+from array import array
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +73,19 @@ CREATE TABLE IF NOT EXISTS trajectories (
 )
 """
 _INDEX = "CREATE INDEX IF NOT EXISTS trajectories_by_status ON trajectories (status, updated_at)"
+_TURNS = """
+CREATE TABLE IF NOT EXISTS turns (
+    trajectory_uid TEXT NOT NULL,
+    first_step INTEGER NOT NULL,
+    kept_messages INTEGER NOT NULL,
+    messages TEXT NOT NULL,
+    kept_ids INTEGER NOT NULL,
+    ids BLOB NOT NULL,
+    PRIMARY KEY (trajectory_uid, first_step)
+)
+"""
+CACHED_TRAJECTORIES = 1024
+"""Trajectories held in memory (the most recently used); others are read, and their turns replayed, when used."""
 # Columns absent from the state of older gateways, added when it is opened:
 _ADDED_COLUMNS = {"context_ids": "BLOB", "context_step": "INTEGER", "acknowledged": "BLOB"}
 
@@ -106,6 +125,11 @@ def _unpack(blob: bytes | None) -> list[int] | None:
     return ids.tolist()
 
 
+def _kept(before: list | None, after: list) -> int:
+    """How much of the previous state the new one starts with: all of it, or (a new segment) none."""
+    return len(before) if before and after[:len(before)] == before else 0
+
+
 def _acknowledged(blob: bytes | None, published: int) -> list[int] | None:
     """The acknowledged indices; None when steps were published before the gateway recorded them."""
     if blob is None:
@@ -128,7 +152,9 @@ class TrajectoryStore:
             if name not in present:
                 self._db.execute(f"ALTER TABLE trajectories ADD COLUMN {name} {kind}")
         self._db.execute(_INDEX)
+        self._db.execute(_TURNS)
         self._lock = threading.Lock()
+        self._cache: OrderedDict[str, Trajectory] = OrderedDict()
 
     def _row(self, row: tuple) -> Trajectory:
         (uid, prompt_uid, channel, n_rollouts, metadata, version, backend, next_step, published, status,
@@ -137,9 +163,34 @@ class TrajectoryStore:
                           published, status, json.loads(conversation) if conversation else None, created_at,
                           _unpack(context_ids), context_step, _acknowledged(acknowledged, published))
 
+    def _cached(self, trajectory_uid: str) -> Trajectory | None:
+        """The trajectory as stored (under the lock): from memory, else its row with its turns replayed."""
+        trajectory = self._cache.get(trajectory_uid)
+        if trajectory is not None:
+            self._cache.move_to_end(trajectory_uid)
+            return trajectory
+        row = self._db.execute("SELECT * FROM trajectories WHERE trajectory_uid = ?", (trajectory_uid,)).fetchone()
+        if row is None:
+            return None
+        trajectory = self._row(row)
+        for kept_messages, messages, kept_ids, ids in self._db.execute(
+                "SELECT kept_messages, messages, kept_ids, ids FROM turns WHERE trajectory_uid = ? "
+                "ORDER BY first_step", (trajectory_uid,)):
+            trajectory.last_conversation = (trajectory.last_conversation or [])[:kept_messages] + json.loads(messages)
+            trajectory.context_ids = (trajectory.context_ids or [])[:kept_ids] + _unpack(ids)
+        self._keep(trajectory)
+        return trajectory
+
+    def _keep(self, trajectory: Trajectory) -> None:
+        self._cache[trajectory.trajectory_uid] = trajectory
+        self._cache.move_to_end(trajectory.trajectory_uid)
+        while len(self._cache) > CACHED_TRAJECTORIES:
+            self._cache.popitem(last=False)
+
     def create(self, trajectory: Trajectory) -> None:
         now = time.time()
         with self._lock:
+            self._keep(dataclasses.replace(trajectory))
             self._db.execute(
                 "INSERT INTO trajectories VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,NULL,NULL)",
                 (trajectory.trajectory_uid, trajectory.prompt_uid, trajectory.channel, trajectory.n_rollouts,
@@ -147,25 +198,28 @@ class TrajectoryStore:
                  trajectory.next_step, trajectory.published_steps, trajectory.status, None, now, now))
 
     def get(self, trajectory_uid: str) -> Trajectory | None:
+        """A snapshot: later changes to the trajectory do not change it."""
         with self._lock:
-            row = self._db.execute("SELECT * FROM trajectories WHERE trajectory_uid = ?",
-                                   (trajectory_uid,)).fetchone()
-        return None if row is None else self._row(row)
+            trajectory = self._cached(trajectory_uid)
+        return None if trajectory is None else dataclasses.replace(trajectory)
 
     def context_step(self, trajectory_uid: str) -> int | None:
         """The step the trajectory's token state ends with (None: no call published yet)."""
         with self._lock:
-            row = self._db.execute("SELECT context_step FROM trajectories WHERE trajectory_uid = ?",
-                                   (trajectory_uid,)).fetchone()
-        return None if row is None else row[0]
+            trajectory = self._cached(trajectory_uid)
+        return None if trajectory is None else trajectory.context_step
 
     def update(self, trajectory_uid: str, **values: Any) -> None:
-        """Set columns; ``metadata`` and ``last_conversation`` are stored as JSON."""
-        for key in ("metadata", "last_conversation"):
-            if key in values:
-                values[key] = json.dumps(values[key])
+        """Set columns (not the conversation: it is kept by ``record_published``); ``metadata`` as JSON."""
+        changes = dict(values)
+        if "metadata" in values:
+            values["metadata"] = json.dumps(values["metadata"])
         columns = ", ".join(f"{name} = ?" for name in values)
         with self._lock:
+            cached = self._cache.get(trajectory_uid)
+            if cached is not None:
+                for name, value in changes.items():
+                    setattr(cached, name, value)
             self._db.execute(f"UPDATE trajectories SET {columns}, updated_at = ? WHERE trajectory_uid = ?",
                              (*values.values(), time.time(), trajectory_uid))
 
@@ -176,6 +230,8 @@ class TrajectoryStore:
                 "UPDATE trajectories SET next_step = next_step + ?, updated_at = ? "
                 "WHERE trajectory_uid = ? AND status = ? RETURNING next_step",
                 (count, time.time(), trajectory_uid, OPEN)).fetchone()
+            if row is not None and trajectory_uid in self._cache:
+                self._cache[trajectory_uid].next_step = row[0]
         if row is None:
             raise LookupError(f"trajectory {trajectory_uid} is not open")
         return row[0] - count
@@ -183,19 +239,28 @@ class TrajectoryStore:
     def record_published(self, trajectory_uid: str, first: int, count: int, conversation: list[dict[str, Any]],
                          backend: str, context_ids: list[int], context_step: int) -> None:
         """After the broker acknowledged a call's steps ``first``..``first + count - 1``: keep their
-        indices, the conversation, its token state and the backend."""
+        indices, the backend, and as a turn what the conversation and its token state gained."""
         with self._lock:
-            row = self._db.execute(
-                "SELECT acknowledged, published_steps FROM trajectories WHERE trajectory_uid = ?",
-                (trajectory_uid,)).fetchone()
-            known = None if row is None else _acknowledged(*row)
-            acknowledged = None if known is None else _pack(known + list(range(first, first + count)))
+            trajectory = self._cached(trajectory_uid)
+            if trajectory is None:
+                return
+            known = trajectory.acknowledged
+            acknowledged = None if known is None else known + list(range(first, first + count))
+            kept_messages = _kept(trajectory.last_conversation, conversation)
+            kept_ids = _kept(trajectory.context_ids, context_ids)
+            self._db.execute("BEGIN")
             self._db.execute(
-                "UPDATE trajectories SET published_steps = published_steps + ?, acknowledged = ?, "
-                "last_conversation = ?, backend = ?, context_ids = ?, context_step = ?, updated_at = ? "
-                "WHERE trajectory_uid = ?",
-                (count, acknowledged, json.dumps(conversation),
-                 backend, _pack(context_ids), context_step, time.time(), trajectory_uid))
+                "UPDATE trajectories SET published_steps = published_steps + ?, acknowledged = ?, backend = ?, "
+                "context_step = ?, updated_at = ? WHERE trajectory_uid = ?",
+                (count, None if acknowledged is None else _pack(acknowledged), backend, context_step, time.time(),
+                 trajectory_uid))
+            self._db.execute("INSERT OR REPLACE INTO turns VALUES (?,?,?,?,?,?)",
+                             (trajectory_uid, first, kept_messages, json.dumps(conversation[kept_messages:]),
+                              kept_ids, _pack(context_ids[kept_ids:])))
+            self._db.execute("COMMIT")
+            trajectory.published_steps += count
+            trajectory.acknowledged, trajectory.backend, trajectory.context_step = acknowledged, backend, context_step
+            trajectory.last_conversation, trajectory.context_ids = conversation, context_ids
 
     def transition(self, trajectory_uid: str, from_status: str, to_status: str) -> bool:
         """Atomic status change; False if the trajectory was not in ``from_status``. A completed
@@ -205,7 +270,13 @@ class TrajectoryStore:
             cursor = self._db.execute(
                 f"UPDATE trajectories SET status = ?, updated_at = ?{finished} WHERE trajectory_uid = ? AND status = ?",
                 (to_status, time.time(), trajectory_uid, from_status))
-        return cursor.rowcount == 1
+            changed = cursor.rowcount == 1
+            if changed and to_status == COMPLETED:
+                self._db.execute("DELETE FROM turns WHERE trajectory_uid = ?", (trajectory_uid,))
+                self._cache.pop(trajectory_uid, None)
+            elif changed and trajectory_uid in self._cache:
+                self._cache[trajectory_uid].status = to_status
+        return changed
 
     def sweep(self, idle_before: float, finished_before: float) -> tuple[list[str], int]:
         """Abandon open (and completing) trajectories last used before ``idle_before``, remove finished
@@ -215,9 +286,15 @@ class TrajectoryStore:
                 "UPDATE trajectories SET status = ?, last_conversation = NULL, context_ids = NULL, updated_at = ? "
                 "WHERE status IN (?, ?) AND updated_at < ? RETURNING trajectory_uid",
                 (ABANDONED, time.time(), OPEN, COMPLETING, idle_before)).fetchall()]
-            removed = self._db.execute("DELETE FROM trajectories WHERE status IN (?, ?) AND updated_at < ?",
-                                       (COMPLETED, ABANDONED, finished_before)).rowcount
-        return abandoned, removed
+            self._db.executemany("DELETE FROM turns WHERE trajectory_uid = ?", [(uid,) for uid in abandoned])
+            for uid in abandoned:
+                self._cache.pop(uid, None)
+            removed = [row[0] for row in self._db.execute(
+                "DELETE FROM trajectories WHERE status IN (?, ?) AND updated_at < ? RETURNING trajectory_uid",
+                (COMPLETED, ABANDONED, finished_before)).fetchall()]
+            for uid in removed:
+                self._cache.pop(uid, None)
+        return abandoned, len(removed)
 
     def bytes_in_use(self) -> int:
         """Bytes of the state's pages that hold data (free pages, left by removed rows, not counted)."""

@@ -164,3 +164,25 @@ def test_the_state_shrinks_back_after_a_burst(store):
     assert store.sweep(idle_before=0, finished_before=time.time() + 1) == ([], 200)
     assert store.counts() == {} and store.get("t0") is None
     assert store.bytes_in_use() < peak / 10 and store.bytes_in_use() <= empty + 64 * 1024
+
+
+def test_a_call_writes_only_what_it_adds_and_a_reopened_store_replays_the_turns(tmp_path):
+    first = TrajectoryStore(tmp_path / "state")
+    new(first)
+    q1 = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}]
+    q2 = q1 + [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]
+    edited = [{"role": "user", "content": "q1, edited"}, {"role": "assistant", "content": "b1"}]
+    first.record_published("t1", 0, 1, q1, "http://a:1", list(range(1000)), 0)
+    first.record_published("t1", 1, 1, q2, "http://a:1", list(range(1500)), 1)  # extends: 500 new ids
+    turns = first._db.execute("SELECT kept_messages, messages, kept_ids, length(ids) FROM turns "
+                              "ORDER BY first_step").fetchall()
+    assert turns[1][0] == 2 and turns[1][2] == 1000 and turns[1][3] == 500 * 4  # the new part only
+    first.record_published("t1", 2, 1, edited, "http://a:1", [7, 8, 9], 2)  # a new segment keeps nothing
+    first.close()
+
+    reopened = TrajectoryStore(tmp_path / "state")  # a restarted gateway: nothing in memory
+    t = reopened.get("t1")
+    assert (t.last_conversation, t.context_ids, t.context_step, t.acknowledged) == (edited, [7, 8, 9], 2, [0, 1, 2])
+    assert reopened.transition("t1", OPEN, COMPLETING) and reopened.transition("t1", COMPLETING, COMPLETED)
+    assert reopened._db.execute("SELECT COUNT(*) FROM turns").fetchone()[0] == 0  # a finished one keeps none
+    reopened.close()
