@@ -17,10 +17,11 @@ benchmark client's own CPU seconds (kernel accounting, not wall time) over each 
 phase, divided by its calls; per concurrency level, and per turn from a phase of one agent
 that sends every open conversation's turn n, then turn n + 1 (so each turn is its own phase).
 Beside the added latency: the acknowledged produce of one whole 8k-token step, measured in
-the same run, and the issue-25 targets with the measured figure and whether it is met.
+the same run, and the issue-25 targets with the measured figure and whether it is met. Last, the
+32 and 256 agent levels through two instances (`trajbus gateway --instances 2`).
 
 Uses TRAJBUS_BOOTSTRAP_SERVERS when set, else a throw-away embedded broker.
-Prints four tables and writes benchmarks/results/gateway.json.
+Prints five tables and writes benchmarks/results/gateway.json.
 """
 
 from __future__ import annotations
@@ -35,13 +36,15 @@ import uuid
 from pathlib import Path
 from typing import Awaitable, Callable
 
-import httpx
+import aiohttp
+import orjson
 
 from benchmarks.assembly_bench import RESULTS, percentile
 from benchmarks.cpu_meter import CpuMeter
 from trajbus.gateway.backends import KEEPALIVE_SECONDS, request_body
 from trajbus.infra import tiny_model
 from trajbus.infra.kafka_broker import EmbeddedKafka
+from trajbus.infra.local import free_ports
 from trajbus.pipelines.processes import ServiceProcess, free_port, gateway_process, scripted_engine_process, wait_http
 from trajbus.pipelines.tables import print_table
 from trajbus.streams.producer import StepProducer
@@ -52,6 +55,9 @@ REPLY = ("Checked the file; the failing assertion compares the parsed header aga
          "the fix is to decode first. Next I will run the tests again and read the output. " * 2)[:300]
 OBSERVATION = "$ pytest -q tests/test_parser.py\n" + "F.. assertion failed: header mismatch at offset 42\n" * 14
 LEVELS = (1, 32, 256)
+FLEET_LEVELS = (32, 256)
+FLEET_INSTANCES = 2
+JSON_HEADERS = {"Content-Type": "application/json"}
 TURN_CONVERSATIONS = 100
 """Conversations of the per-turn CPU phase: each turn's phase is this many calls (the kernel counts
 CPU in 10 ms ticks, so a per-call figure is exact to 0.1 ms at 100 calls, to 0.25 ms at 40)."""
@@ -86,31 +92,42 @@ def engine_prompts(model_dir: Path, turns: list[list[dict]]) -> tuple[list[list[
     return prompts, reply
 
 
-Call = Callable[[httpx.AsyncClient, int, int], Awaitable[httpx.Response]]
+Call = Callable[[aiohttp.ClientSession, int, int], Awaitable[bytes]]
 PROCESSES = ("gateway", "engine", "broker", "client")
 """Whose CPU a phase reports (the broker only when this benchmark started it)."""
 
 
+async def post(client: aiohttp.ClientSession, url: str, body: bytes) -> bytes:
+    """One call; its answer read whole. Bodies are encoded once, so the client's own cost stays small."""
+    async with client.post(url, data=body, headers=JSON_HEADERS) as response:
+        answer = await response.read()
+        if response.status != 200:
+            raise RuntimeError(f"{url} answered {response.status}: {answer[:300]!r}")
+        return answer
+
+
 def calls(engine: str, urls: list[str], turns: list[list[dict]], prompts: list[list[int]]) -> tuple[Call, Call]:
     """The direct call (the request the gateway makes the engine) and the agent's call through the gateway."""
+    direct_bodies = [orjson.dumps(request_body(p, {"max_tokens": 512}, None, stream=False)) for p in prompts]
+    via_bodies = [orjson.dumps({"model": "bench", "messages": t, "max_tokens": 512}) for t in turns]
 
-    def direct(c: httpx.AsyncClient, _conversation: int, turn: int) -> Awaitable[httpx.Response]:
-        return c.post(f"http://{engine}/v1/completions",
-                      json=request_body(prompts[turn], {"max_tokens": 512}, None, stream=False))
+    def direct(c: aiohttp.ClientSession, _conversation: int, turn: int) -> Awaitable[bytes]:
+        return post(c, f"http://{engine}/v1/completions", direct_bodies[turn])
 
-    def via(c: httpx.AsyncClient, conversation: int, turn: int) -> Awaitable[httpx.Response]:
-        return c.post(f"{urls[conversation]}/chat/completions",
-                      json={"model": "bench", "messages": turns[turn], "max_tokens": 512})
+    def via(c: aiohttp.ClientSession, conversation: int, turn: int) -> Awaitable[bytes]:
+        return post(c, f"{urls[conversation]}/chat/completions", via_bodies[turn])
 
     return direct, via
 
 
-async def open_trajectories(client: httpx.AsyncClient, gateway: str, count: int) -> list[str]:
-    """``count`` new trajectories' black-box base URLs (opened before a phase, so not measured)."""
-    return [(await client.post(f"{gateway}/init_trajectory", json={})).json()["base_url"] for _ in range(count)]
+async def open_trajectories(client: aiohttp.ClientSession, gateways: list[str], count: int) -> list[str]:
+    """``count`` new trajectories' black-box base URLs, opened round robin at the gateways given (before a
+    phase, so not measured)."""
+    return [orjson.loads(await post(client, f"{gateways[i % len(gateways)]}/init_trajectory", b"{}"))["base_url"]
+            for i in range(count)]
 
 
-async def run(client: httpx.AsyncClient, agents: int, rounds: int, call: Call) -> tuple[dict[int, list[float]], float]:
+async def run(client: aiohttp.ClientSession, agents: int, rounds: int, call: Call) -> tuple[dict[int, list[float]], float]:
     """``agents`` at once, each running ``rounds`` conversations in turn; per-turn latencies, wall time."""
     by_turn: dict[int, list[float]] = {turn: [] for turn in range(TURNS)}
 
@@ -118,8 +135,7 @@ async def run(client: httpx.AsyncClient, agents: int, rounds: int, call: Call) -
         for conversation_index in range(index * rounds, (index + 1) * rounds):
             for turn in range(TURNS):
                 started = time.perf_counter()
-                response = await call(client, conversation_index, turn)
-                response.raise_for_status()
+                await call(client, conversation_index, turn)
                 by_turn[turn].append(time.perf_counter() - started)
 
     started = time.perf_counter()
@@ -127,11 +143,11 @@ async def run(client: httpx.AsyncClient, agents: int, rounds: int, call: Call) -
     return by_turn, time.perf_counter() - started
 
 
-async def level(client: httpx.AsyncClient, engine: str, gateway: str, agents: int, rounds: int,
+async def level(client: aiohttp.ClientSession, engine: str, gateways: list[str], agents: int, rounds: int,
                 turns: list[list[dict]], prompts: list[list[int]], meter: CpuMeter) -> tuple[dict, list[dict]]:
     """One concurrency level: a row for the table (with each process's CPU per call on either path),
     and the per-turn medians."""
-    direct, via = calls(engine, await open_trajectories(client, gateway, agents * rounds), turns, prompts)
+    direct, via = calls(engine, await open_trajectories(client, gateways, agents * rounds), turns, prompts)
     before = meter.snapshot()
     direct_turns, direct_s = await run(client, agents, rounds, direct)
     direct_cpu = meter.since(before)
@@ -154,23 +170,23 @@ async def level(client: httpx.AsyncClient, engine: str, gateway: str, agents: in
     for entry in per_turn:
         entry["added_p50_ms"] = entry["gateway_p50_ms"] - entry["direct_p50_ms"]
     gateway_ms = row["cpu"]["gateway"]["cpu_ms_per_call"]["gateway"]
-    print(f"  {agents} agents done: direct {row['direct_rps']:.0f} req/s, gateway {row['gateway_rps']:.0f} req/s, "
+    print(f"  {agents} agents, {len(gateways)} gateway(s) done: direct {row['direct_rps']:.0f} req/s, gateway {row['gateway_rps']:.0f} req/s, "
           f"gateway CPU {gateway_ms:.1f} ms/call", flush=True)
     return row, per_turn
 
 
-async def turn_costs(client: httpx.AsyncClient, engine: str, gateway: str, turns: list[list[dict]],
+async def turn_costs(client: aiohttp.ClientSession, engine: str, gateway: str, turns: list[list[dict]],
                      prompts: list[list[int]], meter: CpuMeter) -> list[dict]:
     """CPU per call at each turn: one agent sends turn n of every open conversation (one phase, directly
     and through the gateway), then turn n + 1; the conversations are open at once, as at 32 agents."""
-    direct, via = calls(engine, await open_trajectories(client, gateway, TURN_CONVERSATIONS), turns, prompts)
+    direct, via = calls(engine, await open_trajectories(client, [gateway], TURN_CONVERSATIONS), turns, prompts)
     costs = []
     for turn in range(TURNS):
         entry = {"turn": turn + 1, "prompt_tokens": len(prompts[turn])}
         for path, call in (("direct", direct), ("gateway", via)):
             before = meter.snapshot()
             for conversation in range(TURN_CONVERSATIONS):
-                (await call(client, conversation, turn)).raise_for_status()
+                await call(client, conversation, turn)
             entry[path] = meter.since(before).summary(TURN_CONVERSATIONS)
         costs.append(entry)
     turn_10 = costs[-1]["gateway"]["cpu_ms_per_call"]["gateway"]
@@ -178,26 +194,30 @@ async def turn_costs(client: httpx.AsyncClient, engine: str, gateway: str, turns
     return costs
 
 
-async def measure(engine: str, gateway: str, rendering: str, turns: list[list[dict]],
-                  prompts: list[list[int]], meter: CpuMeter) -> dict:
+async def measure(engine: str, gateway: str, rendering: str, fleet: list[str], turns: list[list[dict]],
+                  prompts: list[list[int]], meters: dict[str, CpuMeter]) -> dict:
     """Every level through the gateway; then one agent through a gateway that re-renders every call
-    (``--multi-turn render``), to show what cumulative prompts save per turn."""
-    limits = httpx.Limits(max_connections=600, max_keepalive_connections=600, keepalive_expiry=KEEPALIVE_SECONDS)
-    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-        for url in (gateway, rendering):
-            await level(client, engine, url, 1, 2, turns, prompts, meter)  # warm-up, not reported
-        _, rendered = await level(client, engine, rendering, 1, 10, turns, prompts, meter)
+    (``--multi-turn render``), to show what cumulative prompts save per turn; then the fleet levels
+    through two instances (``--instances 2``), trajectories opened at each in turn."""
+    connector = aiohttp.TCPConnector(limit=600, keepalive_timeout=KEEPALIVE_SECONDS)
+    meter = meters["single"]
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as client:
+        for urls in ([gateway], [rendering], fleet):
+            await level(client, engine, urls, 1, 2, turns, prompts, meter)  # warm-up, not reported
+        _, rendered = await level(client, engine, [rendering], 1, 10, turns, prompts, meter)
         turn_cpu = await turn_costs(client, engine, gateway, turns, prompts, meter)
         rows, per_turn = [], []
         for agents in LEVELS:
-            row, turn_rows = await level(client, engine, gateway, agents, 10 if agents == 1 else 1, turns, prompts,
+            row, turn_rows = await level(client, engine, [gateway], agents, 10 if agents == 1 else 1, turns, prompts,
                                          meter)
             rows.append(row)
             per_turn = per_turn or turn_rows  # per turn: the single agent, undisturbed
+        fleet_rows = [(await level(client, engine, fleet, agents, 1, turns, prompts, meters["fleet"]))[0]
+                      for agents in FLEET_LEVELS]
     for entry, other, cpu in zip(per_turn, rendered, turn_cpu):
         entry["render_added_p50_ms"] = other["added_p50_ms"]
         entry["cpu"] = {"direct": cpu["direct"], "gateway": cpu["gateway"]}
-    return {"levels": rows, "per_turn": per_turn}
+    return {"levels": rows, "per_turn": per_turn, "fleet": fleet_rows}
 
 
 def produce_latency(bootstrap: str, prompt: list[int], reply: list[int]) -> dict:
@@ -223,6 +243,11 @@ def targets(result: dict) -> list[dict]:
     turn_10 = next(t for t in result["per_turn"] if t["turn"] == 10)["cpu"]["gateway"]["cpu_ms_per_call"]["gateway"]
     produce, added = result["produce"]["p50_ms"], levels[1]["added_p50_ms"]
     rps_32, rps_256 = levels[32]["gateway_rps"], levels[256]["gateway_rps"]
+    fleet = {row["agents"]: row for row in result["fleet"]}
+    fleet_checks = [(f"{FLEET_INSTANCES} instances / 1 at {agents} agents", "> 1.0x",
+                     f"{fleet[agents]['gateway_rps'] / levels[agents]['gateway_rps']:.3f}x "
+                     f"({fleet[agents]['gateway_rps']:.1f} vs {levels[agents]['gateway_rps']:.1f} req/s)",
+                     fleet[agents]["gateway_rps"] > levels[agents]["gateway_rps"]) for agents in FLEET_LEVELS]
     checks = [
         ("gateway CPU per call at turn 10", "<= 2 ms", f"{turn_10:.2f} ms", turn_10 <= 2.0),
         ("added p50 at 1 agent", f"<= produce p50 + 2 ms = {produce + 2:.2f} ms", f"{added:.2f} ms",
@@ -233,6 +258,7 @@ def targets(result: dict) -> list[dict]:
          levels[256]["throughput_ratio"] >= 0.8),
         ("throughput at 256 agents / at 32", ">= 1.0x",
          f"{rps_256 / rps_32:.3f}x ({rps_256:.1f} vs {rps_32:.1f} req/s)", rps_256 >= rps_32),
+        *fleet_checks,
     ]
     return [{"target": name, "bound": bound, "measured": measured, "met": met} for name, bound, measured, met in checks]
 
@@ -257,6 +283,16 @@ def print_tables(result: dict) -> None:
                   f"{r['direct_rps']:.1f}", f"{r['gateway_p50_ms']:.2f} ms", f"{r['gateway_p99_ms']:.0f} ms",
                   f"{r['gateway_rps']:.1f}", f"{r['added_p50_ms']:.2f} ms", f"{r['added_p99_ms']:.0f} ms",
                   f"{r['throughput_ratio']:.2f}x"] for r in result["levels"]])
+    print()
+    print_table(["agents", "instances", "gateway req/s", "gateway p50", "gateway p99", "gateway CPU/call",
+                 "cores (machine)", "1 instance req/s"],
+                [[r["agents"], FLEET_INSTANCES, f"{r['gateway_rps']:.1f}", f"{r['gateway_p50_ms']:.2f} ms",
+                  f"{r['gateway_p99_ms']:.0f} ms", _ms(r["cpu"]["gateway"]["cpu_ms_per_call"], "gateway"),
+                  f"{r['cpu']['gateway']['cores']['machine']:.2f}",
+                  f"{next(x for x in result['levels'] if x['agents'] == r['agents'])['gateway_rps']:.1f}"]
+                 for r in result["fleet"]],
+                title=f"{FLEET_INSTANCES} gateway instances (trajbus gateway --instances {FLEET_INSTANCES}), "
+                      "trajectories opened at each in turn")
     print()
     cpu_columns = [f"{name} CPU/call" for name in PROCESSES] + ["sum CPU/call", "cores (these)", "cores (machine)"]
     print_table(["agents", "path", "calls", "req/s", *cpu_columns],
@@ -295,21 +331,28 @@ def main() -> dict:
         turns = conversation()
         prompts, reply = engine_prompts(model, turns)
         engine_port, gateway_port, rendering_port = free_port(), free_port(), free_port()
+        fleet_port = free_ports(FLEET_INSTANCES + 1)
         engine = scripted_engine_process(engine_port, workdir, model, [REPLY]).start()
         processes.append(engine)
-        for port, mode in ((gateway_port, "cumulative"), (rendering_port, "render")):
+        for port, mode, instances in ((gateway_port, "cumulative", 1), (rendering_port, "render", 1),
+                                      (fleet_port, "cumulative", FLEET_INSTANCES)):
             gateway = gateway_process(bootstrap, f"bench-{uuid.uuid4().hex[:6]}", [f"127.0.0.1:{engine_port}"],
-                                      model, port, workdir / f"gateway-state-{mode}", workdir / f"gateway-{mode}.log",
-                                      ["--prompt-length", "16384", "--response-length", "512",
-                                       "--multi-turn", mode]).start()
+                                      model, port, workdir / f"gateway-state-{mode}-{instances}",
+                                      workdir / f"gateway-{mode}-{instances}.log",
+                                      ["--prompt-length", "16384", "--response-length", "512", "--multi-turn", mode,
+                                       "--instances", str(instances)]).start()
             processes.append(gateway)
-            wait_http(f"http://127.0.0.1:{port}/ready", 120, gateway)
+        fleet = [f"http://127.0.0.1:{fleet_port + 1 + i}" for i in range(FLEET_INSTANCES)]
+        for url in [f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{rendering_port}", *fleet]:
+            wait_http(f"{url}/ready", 120)
         wait_http(f"http://127.0.0.1:{engine_port}/health", 120, engine)
-        meter = CpuMeter({**pids, "engine": engine.pid, "gateway": processes[1].pid})
+        shared = {**pids, "engine": engine.pid}
+        meters = {"single": CpuMeter({**shared, "gateway": processes[1].pid}),
+                  "fleet": CpuMeter({**shared, "gateway": processes[3].pid})}  # the instances: its descendants
         print(f"\ngateway: {TURNS}-turn conversations growing to {len(prompts[-1])} prompt tokens, "
               f"{len(REPLY)}-token replies from an instant engine; direct vs through the gateway")
         result = asyncio.run(measure(f"127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}",
-                                     f"http://127.0.0.1:{rendering_port}", turns, prompts, meter))
+                                     f"http://127.0.0.1:{rendering_port}", fleet, turns, prompts, meters))
         result["produce"] = produce_latency(bootstrap, prompts[-1], reply)
         result["targets"] = targets(result)
     finally:
