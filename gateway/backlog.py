@@ -8,7 +8,8 @@ Twice a second, in one background thread, per channel in use:
 - **groups in flight at other gateways**: each gateway writes a snapshot of its
   in-flight groups per channel to ``{prefix}.stats`` (the compacted topic the
   workers write theirs to; key ``gateway-...``, sample
-  ``trajbus_gateway_in_flight_groups``) and follows the topic for the others'.
+  ``trajbus_gateway_in_flight_groups``; the key names the instance, ``--instance-id``, so a
+  restarted instance replaces its own snapshot) and follows the topic for the others'.
   A snapshot older than ``LIVE_WITHIN`` seconds is a gateway that stopped: not counted.
 
 So several gateways on the same topics see the same backlog, with no
@@ -20,8 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import threading
 import time
 from typing import Callable
@@ -65,10 +64,6 @@ class BacklogMonitor:
     def start(self) -> None:
         """Refresh from now on; ``on_refresh`` may be called before this returns."""
         self._thread.start()
-
-    @staticmethod
-    def new_gateway_id(port: int) -> str:
-        return f"gateway-{socket.gethostname()}-{port}-{os.getpid()}"
 
     def watch(self, channel: str) -> None:
         """Read this channel's backlog from now on (its first value comes with the next refresh)."""

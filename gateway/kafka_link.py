@@ -2,8 +2,8 @@
 
 The link connects in a background thread, so the HTTP server answers (``/ready``
 says what is missing) before Kafka does, and retries until it is connected.
-Publishing waits for the broker's acknowledgement, so a 200 still means the
-broker has the record; a record it did not take is a 503 that says what a
+Publishing awaits the broker's acknowledgement on the event loop (no thread is
+held while it waits), so a 200 still means the broker has the record; a record it did not take is a 503 that says what a
 retry does.
 """
 
@@ -111,7 +111,7 @@ class KafkaLink:
         producer = self.require()
         started = time.monotonic()
         try:
-            count = await asyncio.to_thread(producer.submit_steps, steps, channel, n_rollouts)
+            count = await producer.submit_steps_async(steps, channel, n_rollouts)
         except ValueError as exc:
             raise from_value_error(exc) from None
         except DeliveryError as exc:
@@ -140,8 +140,8 @@ class KafkaLink:
                              n_rollouts: int | None, metadata: dict[str, Any], steps: list[int] | None) -> None:
         """Publish a trajectory's end, acknowledged; ``DeliveryError`` / ``TopicsUnavailable`` as the producer's."""
         producer = self.require()
-        await asyncio.to_thread(producer.complete_trajectory, trajectory_uid, prompt_uid, reward, channel,
-                                n_rollouts, metadata, steps)
+        await producer.complete_trajectory_async(trajectory_uid, prompt_uid, reward, channel, n_rollouts, metadata,
+                                                 steps)
 
     # -- policy versions --------------------------------------------------------
     def serving(self, channel: str) -> int | None:
