@@ -39,6 +39,7 @@ its 409.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import sqlite3
@@ -46,6 +47,7 @@ import threading
 import time
 from array import array
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,8 +139,47 @@ def _acknowledged(blob: bytes | None, published: int) -> list[int] | None:
     return _unpack(blob)
 
 
+class _Snapshots:
+    """The trajectories in use, in memory, most recently used last. A snapshot is never changed in place:
+    a change replaces it whole, so a reader on another thread never sees half of one."""
+
+    def __init__(self, size: int = CACHED_TRAJECTORIES) -> None:
+        self.size = size
+        self._items: OrderedDict[str, Trajectory] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, trajectory_uid: str) -> Trajectory | None:
+        with self._lock:
+            trajectory = self._items.get(trajectory_uid)
+            if trajectory is not None:
+                self._items.move_to_end(trajectory_uid)
+            return trajectory
+
+    def put(self, trajectory: Trajectory) -> None:
+        with self._lock:
+            self._items[trajectory.trajectory_uid] = trajectory
+            self._items.move_to_end(trajectory.trajectory_uid)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def change(self, trajectory_uid: str, **changes: Any) -> None:
+        with self._lock:
+            if trajectory_uid in self._items:
+                self._items[trajectory_uid] = dataclasses.replace(self._items[trajectory_uid], **changes)
+
+    def drop(self, trajectory_uids: list[str]) -> None:
+        with self._lock:
+            for uid in trajectory_uids:
+                self._items.pop(uid, None)
+
+
 class TrajectoryStore:
-    """SQLite (WAL) table of trajectories; safe to call from any thread."""
+    """SQLite (WAL) table of trajectories behind an in-memory cache; safe to call from any thread.
+
+    A call's two writes (``take_steps_async``, ``record_published_async``) run on one writer thread, so a
+    slow commit (a WAL checkpoint on a busy disk) never holds the event loop; reads of trajectories in use
+    come from memory and never wait for a write.
+    """
 
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -154,7 +195,9 @@ class TrajectoryStore:
         self._db.execute(_INDEX)
         self._db.execute(_TURNS)
         self._lock = threading.Lock()
-        self._cache: OrderedDict[str, Trajectory] = OrderedDict()
+        """Guards the connection."""
+        self._snapshots = _Snapshots()
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="trajectory-state")
 
     def _row(self, row: tuple) -> Trajectory:
         (uid, prompt_uid, channel, n_rollouts, metadata, version, backend, next_step, published, status,
@@ -163,65 +206,49 @@ class TrajectoryStore:
                           published, status, json.loads(conversation) if conversation else None, created_at,
                           _unpack(context_ids), context_step, _acknowledged(acknowledged, published))
 
-    def _cached(self, trajectory_uid: str) -> Trajectory | None:
-        """The trajectory as stored (under the lock): from memory, else its row with its turns replayed."""
-        trajectory = self._cache.get(trajectory_uid)
+    def get(self, trajectory_uid: str) -> Trajectory | None:
+        """The trajectory as stored: from memory, else its row with its turns replayed. Never changed later."""
+        trajectory = self._snapshots.get(trajectory_uid)
         if trajectory is not None:
-            self._cache.move_to_end(trajectory_uid)
             return trajectory
-        row = self._db.execute("SELECT * FROM trajectories WHERE trajectory_uid = ?", (trajectory_uid,)).fetchone()
-        if row is None:
-            return None
-        trajectory = self._row(row)
-        for kept_messages, messages, kept_ids, ids in self._db.execute(
-                "SELECT kept_messages, messages, kept_ids, ids FROM turns WHERE trajectory_uid = ? "
-                "ORDER BY first_step", (trajectory_uid,)):
-            trajectory.last_conversation = (trajectory.last_conversation or [])[:kept_messages] + json.loads(messages)
-            trajectory.context_ids = (trajectory.context_ids or [])[:kept_ids] + _unpack(ids)
-        self._keep(trajectory)
+        with self._lock:
+            row = self._db.execute("SELECT * FROM trajectories WHERE trajectory_uid = ?",
+                                   (trajectory_uid,)).fetchone()
+            if row is None:
+                return None
+            trajectory = self._row(row)
+            for kept_messages, messages, kept_ids, ids in self._db.execute(
+                    "SELECT kept_messages, messages, kept_ids, ids FROM turns WHERE trajectory_uid = ? "
+                    "ORDER BY first_step", (trajectory_uid,)):
+                trajectory.last_conversation = (trajectory.last_conversation or [])[:kept_messages] + \
+                    json.loads(messages)
+                trajectory.context_ids = (trajectory.context_ids or [])[:kept_ids] + _unpack(ids)
+            self._snapshots.put(trajectory)
         return trajectory
-
-    def _keep(self, trajectory: Trajectory) -> None:
-        self._cache[trajectory.trajectory_uid] = trajectory
-        self._cache.move_to_end(trajectory.trajectory_uid)
-        while len(self._cache) > CACHED_TRAJECTORIES:
-            self._cache.popitem(last=False)
 
     def create(self, trajectory: Trajectory) -> None:
         now = time.time()
         with self._lock:
-            self._keep(dataclasses.replace(trajectory))
             self._db.execute(
                 "INSERT INTO trajectories VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,NULL,NULL)",
                 (trajectory.trajectory_uid, trajectory.prompt_uid, trajectory.channel, trajectory.n_rollouts,
                  json.dumps(trajectory.metadata), trajectory.policy_version, trajectory.backend,
                  trajectory.next_step, trajectory.published_steps, trajectory.status, None, now, now))
-
-    def get(self, trajectory_uid: str) -> Trajectory | None:
-        """A snapshot: later changes to the trajectory do not change it."""
-        with self._lock:
-            trajectory = self._cached(trajectory_uid)
-        return None if trajectory is None else dataclasses.replace(trajectory)
+        self._snapshots.put(dataclasses.replace(trajectory))
 
     def context_step(self, trajectory_uid: str) -> int | None:
         """The step the trajectory's token state ends with (None: no call published yet)."""
-        with self._lock:
-            trajectory = self._cached(trajectory_uid)
+        trajectory = self.get(trajectory_uid)
         return None if trajectory is None else trajectory.context_step
 
     def update(self, trajectory_uid: str, **values: Any) -> None:
         """Set columns (not the conversation: it is kept by ``record_published``); ``metadata`` as JSON."""
-        changes = dict(values)
-        if "metadata" in values:
-            values["metadata"] = json.dumps(values["metadata"])
-        columns = ", ".join(f"{name} = ?" for name in values)
+        stored = {**values, **({"metadata": json.dumps(values["metadata"])} if "metadata" in values else {})}
+        columns = ", ".join(f"{name} = ?" for name in stored)
         with self._lock:
-            cached = self._cache.get(trajectory_uid)
-            if cached is not None:
-                for name, value in changes.items():
-                    setattr(cached, name, value)
             self._db.execute(f"UPDATE trajectories SET {columns}, updated_at = ? WHERE trajectory_uid = ?",
-                             (*values.values(), time.time(), trajectory_uid))
+                             (*stored.values(), time.time(), trajectory_uid))
+        self._snapshots.change(trajectory_uid, **values)
 
     def take_steps(self, trajectory_uid: str, count: int) -> int:
         """Take the next ``count`` step indices of an open trajectory for good; returns the first."""
@@ -230,24 +257,26 @@ class TrajectoryStore:
                 "UPDATE trajectories SET next_step = next_step + ?, updated_at = ? "
                 "WHERE trajectory_uid = ? AND status = ? RETURNING next_step",
                 (count, time.time(), trajectory_uid, OPEN)).fetchone()
-            if row is not None and trajectory_uid in self._cache:
-                self._cache[trajectory_uid].next_step = row[0]
         if row is None:
             raise LookupError(f"trajectory {trajectory_uid} is not open")
+        self._snapshots.change(trajectory_uid, next_step=row[0])
         return row[0] - count
+
+    async def take_steps_async(self, trajectory_uid: str, count: int) -> int:
+        """``take_steps`` on the writer thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._writer, self.take_steps, trajectory_uid, count)
 
     def record_published(self, trajectory_uid: str, first: int, count: int, conversation: list[dict[str, Any]],
                          backend: str, context_ids: list[int], context_step: int) -> None:
         """After the broker acknowledged a call's steps ``first``..``first + count - 1``: keep their
         indices, the backend, and as a turn what the conversation and its token state gained."""
+        before = self.get(trajectory_uid)
+        if before is None:
+            return
+        acknowledged = None if before.acknowledged is None else before.acknowledged + list(range(first, first + count))
+        kept_messages = _kept(before.last_conversation, conversation)
+        kept_ids = _kept(before.context_ids, context_ids)
         with self._lock:
-            trajectory = self._cached(trajectory_uid)
-            if trajectory is None:
-                return
-            known = trajectory.acknowledged
-            acknowledged = None if known is None else known + list(range(first, first + count))
-            kept_messages = _kept(trajectory.last_conversation, conversation)
-            kept_ids = _kept(trajectory.context_ids, context_ids)
             self._db.execute("BEGIN")
             self._db.execute(
                 "UPDATE trajectories SET published_steps = published_steps + ?, acknowledged = ?, backend = ?, "
@@ -258,9 +287,13 @@ class TrajectoryStore:
                              (trajectory_uid, first, kept_messages, json.dumps(conversation[kept_messages:]),
                               kept_ids, _pack(context_ids[kept_ids:])))
             self._db.execute("COMMIT")
-            trajectory.published_steps += count
-            trajectory.acknowledged, trajectory.backend, trajectory.context_step = acknowledged, backend, context_step
-            trajectory.last_conversation, trajectory.context_ids = conversation, context_ids
+        self._snapshots.change(trajectory_uid, published_steps=before.published_steps + count,
+                               acknowledged=acknowledged, backend=backend, context_step=context_step,
+                               last_conversation=conversation, context_ids=context_ids)
+
+    async def record_published_async(self, *args: Any) -> None:
+        """``record_published`` on the writer thread."""
+        await asyncio.get_running_loop().run_in_executor(self._writer, self.record_published, *args)
 
     def transition(self, trajectory_uid: str, from_status: str, to_status: str) -> bool:
         """Atomic status change; False if the trajectory was not in ``from_status``. A completed
@@ -273,9 +306,10 @@ class TrajectoryStore:
             changed = cursor.rowcount == 1
             if changed and to_status == COMPLETED:
                 self._db.execute("DELETE FROM turns WHERE trajectory_uid = ?", (trajectory_uid,))
-                self._cache.pop(trajectory_uid, None)
-            elif changed and trajectory_uid in self._cache:
-                self._cache[trajectory_uid].status = to_status
+        if changed and to_status == COMPLETED:
+            self._snapshots.drop([trajectory_uid])
+        elif changed:
+            self._snapshots.change(trajectory_uid, status=to_status)
         return changed
 
     def sweep(self, idle_before: float, finished_before: float) -> tuple[list[str], int]:
@@ -287,13 +321,10 @@ class TrajectoryStore:
                 "WHERE status IN (?, ?) AND updated_at < ? RETURNING trajectory_uid",
                 (ABANDONED, time.time(), OPEN, COMPLETING, idle_before)).fetchall()]
             self._db.executemany("DELETE FROM turns WHERE trajectory_uid = ?", [(uid,) for uid in abandoned])
-            for uid in abandoned:
-                self._cache.pop(uid, None)
             removed = [row[0] for row in self._db.execute(
                 "DELETE FROM trajectories WHERE status IN (?, ?) AND updated_at < ? RETURNING trajectory_uid",
                 (COMPLETED, ABANDONED, finished_before)).fetchall()]
-            for uid in removed:
-                self._cache.pop(uid, None)
+        self._snapshots.drop(abandoned + removed)
         return abandoned, len(removed)
 
     def bytes_in_use(self) -> int:
@@ -316,5 +347,6 @@ class TrajectoryStore:
         return {status: count for status, count in rows}
 
     def close(self) -> None:
+        self._writer.shutdown(wait=True)
         with self._lock:
             self._db.close()
