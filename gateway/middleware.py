@@ -40,7 +40,7 @@ class BodySizeLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length")
+        declared = next((value for name, value in scope["headers"] if name == b"content-length"), None)
         if declared is not None:
             if declared.isdigit() and int(declared) > self.max_bytes:
                 return await self._reject(send)
