@@ -127,7 +127,8 @@ async def open_trajectories(client: aiohttp.ClientSession, gateways: list[str], 
             for i in range(count)]
 
 
-async def run(client: aiohttp.ClientSession, agents: int, rounds: int, call: Call) -> tuple[dict[int, list[float]], float]:
+async def run(client: aiohttp.ClientSession, agents: int, rounds: int, call: Call
+              ) -> tuple[dict[int, list[float]], float]:
     """``agents`` at once, each running ``rounds`` conversations in turn; per-turn latencies, wall time."""
     by_turn: dict[int, list[float]] = {turn: [] for turn in range(TURNS)}
 
@@ -170,8 +171,8 @@ async def level(client: aiohttp.ClientSession, engine: str, gateways: list[str],
     for entry in per_turn:
         entry["added_p50_ms"] = entry["gateway_p50_ms"] - entry["direct_p50_ms"]
     gateway_ms = row["cpu"]["gateway"]["cpu_ms_per_call"]["gateway"]
-    print(f"  {agents} agents, {len(gateways)} gateway(s) done: direct {row['direct_rps']:.0f} req/s, gateway {row['gateway_rps']:.0f} req/s, "
-          f"gateway CPU {gateway_ms:.1f} ms/call", flush=True)
+    print(f"  {agents} agents, {len(gateways)} gateway(s) done: direct {row['direct_rps']:.0f} req/s, "
+          f"gateway {row['gateway_rps']:.0f} req/s, gateway CPU {gateway_ms:.1f} ms/call", flush=True)
     return row, per_turn
 
 

@@ -158,7 +158,7 @@ class _Call:
         parts.metrics.engine_latency.observe(time.monotonic() - self.started)
         async with parts.lifecycle.publishing(t.trajectory_uid):  # the context this prompt continued is the last
             try:  # taken for good: if the broker's answer is lost, the record may still land with it
-                self.first_step = await parts.store.take_steps_async(t.trajectory_uid, len(completions))
+                self.first_step = await parts.store.write(parts.store.take_steps, t.trajectory_uid, len(completions))
             except LookupError as exc:  # completed by a concurrent request since it was looked up
                 raise conflict(str(exc)) from None
             moved = parts.store.context_step(t.trajectory_uid) != t.context_step
@@ -168,9 +168,9 @@ class _Call:
                           rollout_log_probs=c.logprobs, channel=t.channel, n_rollouts=t.n_rollouts)
                      for i, c in enumerate(completions)]
             await parts.kafka.publish(steps, t.channel, "chat", t.n_rollouts)
-            await parts.store.record_published_async(t.trajectory_uid, self.first_step, len(steps),
-                                                     self.messages + [self._message(parsed[0])], backend,
-                                                     self.prompt_ids + completions[0].token_ids, self.first_step)
+            await parts.store.write(parts.store.record_published, t.trajectory_uid, self.first_step, len(steps),
+                                    self.messages + [self._message(parsed[0])], backend,
+                                    self.prompt_ids + completions[0].token_ids, self.first_step)
         kind = "first" if t.context_step is None else "new_segment" if SEGMENT_START in steps[0].metadata \
             else "continued"
         parts.metrics.prompts.labels(kind).inc()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import secrets
@@ -90,7 +91,7 @@ class TrajectoryLifecycle:
                                 metadata=checked_metadata(metadata), policy_version=policy_version)
         await self.pacing.admit(trajectory.trajectory_uid, trajectory.channel, trajectory.prompt_uid,
                                 policy_version, wait)
-        self.store.create(trajectory)
+        await self.store.write(self.store.create, trajectory)
         self.metrics.trajectories.labels("initialized").inc()
         log.info("trajectory initialized trajectory=%s prompt=%s channel=%s", trajectory.trajectory_uid,
                  trajectory.prompt_uid, trajectory.channel)
@@ -105,7 +106,7 @@ class TrajectoryLifecycle:
             raise conflict(f"trajectory {trajectory_uid} is {trajectory.status}")
         return trajectory
 
-    def register(self, trajectory: Trajectory, channel: str | None, n_rollouts: int | None,
+    async def register(self, trajectory: Trajectory, channel: str | None, n_rollouts: int | None,
                  metadata: dict[str, Any] | None, policy_version: int | None) -> Trajectory:
         changes: dict[str, Any] = {}
         if channel is not None and channel != trajectory.channel:
@@ -119,7 +120,7 @@ class TrajectoryLifecycle:
         if policy_version is not None:
             changes["policy_version"] = policy_version
         if changes:
-            self.store.update(trajectory.trajectory_uid, **changes)
+            await self.store.write(functools.partial(self.store.update, trajectory.trajectory_uid, **changes))
         return dataclasses.replace(trajectory, **changes)
 
     async def complete(self, trajectory: Trajectory, reward: float | None,
@@ -137,7 +138,7 @@ class TrajectoryLifecycle:
         self.kafka.require()
         metadata = checked_metadata(metadata)
         async with self.publishing(uid):  # calls in flight have published or failed: the list is final
-            closed = self.store.transition(uid, OPEN, COMPLETING)  # from now on: no more calls
+            closed = await self.store.write(self.store.transition, uid, OPEN, COMPLETING)  # no more calls now
             current = self.store.get(uid)
             if not closed and current.status != COMPLETING:  # completing: an earlier end may land
                 raise conflict(f"trajectory {uid} is already {current.status}")
@@ -145,11 +146,11 @@ class TrajectoryLifecycle:
                 await self.kafka.end_trajectory(uid, trajectory.prompt_uid, reward, trajectory.channel,
                                                 trajectory.n_rollouts, metadata, current.acknowledged)
             except TopicsUnavailable as exc:  # nothing was sent: the trajectory may go on
-                self.store.transition(uid, COMPLETING, OPEN)
+                await self.store.write(self.store.transition, uid, COMPLETING, OPEN)
                 raise kafka_failure(exc, END_NOT_ACKNOWLEDGED) from None
             except DeliveryError as exc:  # the end may still land: only a retry of the same end is accepted
                 raise kafka_failure(exc, END_NOT_ACKNOWLEDGED) from None
-            self.store.transition(uid, COMPLETING, COMPLETED)
+            await self.store.write(self.store.transition, uid, COMPLETING, COMPLETED)
         self.pacing.release(uid)
         self.metrics.trajectories.labels("completed").inc()
         self.metrics.reward.labels(str(self.policy_version(trajectory))).observe(reward)

@@ -50,8 +50,9 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
+T = TypeVar("T")
 OPEN, COMPLETING, COMPLETED, ABANDONED = "open", "completing", "completed", "abandoned"
 
 _SCHEMA = """
@@ -176,9 +177,8 @@ class _Snapshots:
 class TrajectoryStore:
     """SQLite (WAL) table of trajectories behind an in-memory cache; safe to call from any thread.
 
-    A call's two writes (``take_steps_async``, ``record_published_async``) run on one writer thread, so a
-    slow commit (a WAL checkpoint on a busy disk) never holds the event loop; reads of trajectories in use
-    come from memory and never wait for a write.
+    The gateway's writes run on one writer thread (``write``), so a slow commit (a WAL checkpoint on a busy
+    disk) never holds the event loop; reads of trajectories in use come from memory and never wait for one.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -205,6 +205,10 @@ class TrajectoryStore:
         return Trajectory(uid, prompt_uid, channel, n_rollouts, json.loads(metadata), version, backend, next_step,
                           published, status, json.loads(conversation) if conversation else None, created_at,
                           _unpack(context_ids), context_step, _acknowledged(acknowledged, published))
+
+    async def write(self, change: Callable[..., T], *args: Any) -> T:
+        """Run one of the store's changes (``create``, ``take_steps``, ...) on the writer thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._writer, change, *args)
 
     def get(self, trajectory_uid: str) -> Trajectory | None:
         """The trajectory as stored: from memory, else its row with its turns replayed. Never changed later."""
@@ -262,10 +266,6 @@ class TrajectoryStore:
         self._snapshots.change(trajectory_uid, next_step=row[0])
         return row[0] - count
 
-    async def take_steps_async(self, trajectory_uid: str, count: int) -> int:
-        """``take_steps`` on the writer thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._writer, self.take_steps, trajectory_uid, count)
-
     def record_published(self, trajectory_uid: str, first: int, count: int, conversation: list[dict[str, Any]],
                          backend: str, context_ids: list[int], context_step: int) -> None:
         """After the broker acknowledged a call's steps ``first``..``first + count - 1``: keep their
@@ -290,10 +290,6 @@ class TrajectoryStore:
         self._snapshots.change(trajectory_uid, published_steps=before.published_steps + count,
                                acknowledged=acknowledged, backend=backend, context_step=context_step,
                                last_conversation=conversation, context_ids=context_ids)
-
-    async def record_published_async(self, *args: Any) -> None:
-        """``record_published`` on the writer thread."""
-        await asyncio.get_running_loop().run_in_executor(self._writer, self.record_published, *args)
 
     def transition(self, trajectory_uid: str, from_status: str, to_status: str) -> bool:
         """Atomic status change; False if the trajectory was not in ``from_status``. A completed

@@ -41,7 +41,7 @@ def blackbox_router(service: GatewayService, admin: list) -> APIRouter:
     async def register_trajectory(trajectory_uid: str, prompt_uid: str,
                                   body: RegisterTrajectoryRequest | None = None) -> dict[str, Any]:
         body = body or RegisterTrajectoryRequest()
-        trajectory = lifecycle.register(lifecycle.get(trajectory_uid, prompt_uid), body.channel,
+        trajectory = await lifecycle.register(lifecycle.get(trajectory_uid, prompt_uid), body.channel,
                                         body.n_rollouts, body.metadata, body.policy_version)
         return {"trajectory_uid": trajectory.trajectory_uid, "prompt_uid": trajectory.prompt_uid,
                 "channel": trajectory.channel, "n_rollouts": trajectory.n_rollouts,
