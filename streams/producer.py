@@ -58,16 +58,17 @@ class TopicsUnavailable(DeliveryError):
 class _Acks:
     """Delivery reports of one call. They arrive on whichever thread polls the client (the producer's
     poll thread; a caller whose local queue is full; ``close``'s flush); the last one settles the call:
-    ``done`` is set and ``on_settled`` runs (an event loop's wake-up, on the polling thread)."""
+    ``wait`` returns and ``on_settled`` runs (an event loop's wake-up, on the polling thread)."""
 
-    __slots__ = ("expected", "delivered", "errors", "lock", "done", "on_settled", "release")
+    __slots__ = ("expected", "delivered", "errors", "lock", "gate", "on_settled", "release")
 
     def __init__(self, expected: int, on_settled: Callable[[], None] | None = None) -> None:
         self.expected = expected
         self.delivered = 0
         self.errors: list[KafkaError] = []
         self.lock = threading.Lock()
-        self.done = threading.Event()
+        self.gate = threading.Lock()  # held until settled: a bare lock is a cheaper wait than an Event
+        self.gate.acquire()
         self.on_settled = on_settled
         self.release: Callable[[], None] | None = None
         """Set by the poller: told once, when the call is settled (it counts calls in flight)."""
@@ -90,8 +91,19 @@ class _Acks:
                 return
         self._settle()
 
+    @property
+    def settled(self) -> bool:
+        return not self.gate.locked()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the call settled within ``timeout`` seconds."""
+        if not self.gate.acquire(timeout=timeout):
+            return False
+        self.gate.release()
+        return True
+
     def _settle(self) -> None:
-        self.done.set()
+        self.gate.release()
         if self.release is not None:
             self.release()
         if self.on_settled is not None:
@@ -103,7 +115,7 @@ class _Acks:
 
 class _Poller:
     """One thread serving the client's delivery reports while any call is in flight, so a caller waits
-    on its own call's ``done`` event (or an event loop on its future), never in a poll of its own.
+    on its own call (or an event loop on its future), never in a poll of its own.
 
     (When every caller polled, a report served by another caller's poll left its own caller asleep
     until that poll's timeout.) The thread starts with the first call and sleeps while none is in
@@ -254,7 +266,7 @@ class StepProducer:
     def _publish(self, topic: str, records: list[Step | TrajectoryEnd]) -> int:
         acks = self._send(topic, records)
         try:
-            if not acks.done.wait(self.timeout):
+            if not acks.wait(self.timeout):
                 raise self._late(topic, acks)
             self._check(topic, acks)
         except BaseException:

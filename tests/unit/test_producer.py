@@ -43,11 +43,11 @@ def test_the_poll_thread_settles_each_call_on_its_own_reports_and_sleeps_when_no
     assert poller.in_flight == 3
     with client.lock:
         client.reports += [calls[0], calls[0], calls[1]]
-    assert calls[0].done.wait(5) and calls[0].delivered == 2
-    assert not calls[1].done.is_set() and not calls[2].done.is_set()
+    assert calls[0].wait(5) and calls[0].delivered == 2
+    assert not calls[1].settled and not calls[2].settled
     with client.lock:
         client.reports += [calls[1], calls[2], calls[2]]
-    assert all(acks.done.wait(5) for acks in calls)
+    assert all(acks.wait(5) for acks in calls)
     assert poller.in_flight == 0
     assert client.polled_on == {"trajbus-producer-poll"}, "callers never poll"
     poller.stop()
@@ -61,12 +61,12 @@ def test_a_call_whose_producing_failed_part_way_settles_on_the_records_queued():
     acks = _Acks(3, on_settled=lambda: settled.append(True))
     acks(None, None)
     acks.expect(2)  # the third record was never queued
-    assert not acks.done.is_set()
+    assert not acks.settled
     acks(None, None)
-    assert acks.done.is_set() and settled == [True] and acks.delivered == 2
+    assert acks.settled and settled == [True] and acks.delivered == 2
     nothing = _Acks(2)
     nothing.expect(0)
-    assert nothing.done.is_set()
+    assert nothing.settled
 
 
 def test_an_async_call_nobody_acknowledges_raises_and_the_trajectorys_next_step_is_written_whole():
