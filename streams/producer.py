@@ -10,14 +10,9 @@ of its trajectory's previous step (as this producer sent it) is written as a
 reference plus its new tokens (``streams.prefix``), so a multi-turn trajectory
 costs its distinct tokens, not turns x context.
 
-A call waits on its own delivery reports, which one poll thread per producer serves
-while any call is in flight: a thread's call waits on an event, a coroutine's
-(``submit_steps_async``, ``complete_trajectory_async``) on a future the report resolves
-through its event loop, holding no thread. At the gateway's pattern (one step per call
-from 16 threads; ``benchmarks.agentic_bench``) this took 2.4k-token steps from 650 to
-1,400 acknowledged steps/s, about the rate of calls of 64 steps; before it, every caller
-polled, and a report served by another caller's poll left its own caller asleep until
-that poll's 50 ms timeout.
+A call waits only for its own delivery reports (``streams.delivery``), a thread's call
+on a lock, a coroutine's (``submit_steps_async``, ``complete_trajectory_async``) on a
+future, holding no thread.
 """
 
 from __future__ import annotations
@@ -29,140 +24,20 @@ import threading
 from functools import partial
 from typing import Any, Callable, Iterable, Mapping
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaException
 
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.topics import ensure_topics
 from trajbus.infra.clients import acked_producer
 from trajbus.streams import codec
+from trajbus.streams.delivery import Acks, DeliveryError, Poller, TopicsUnavailable, resolve
 from trajbus.streams.prefix import DEFAULT_MEMORY_BYTES, PrefixEncoder
 from trajbus.streams.records import END_STEPS, Step, TrajectoryEnd
 from trajbus.streams.topics import DEFAULT_PREFIX, TopicSettings, steps_topic, validate_channel
 
+__all__ = ["DeliveryError", "StepProducer", "TopicsUnavailable"]
+
 log = logging.getLogger(__name__)
-
-
-def _resolve(settled: asyncio.Future) -> None:
-    if not settled.done():  # else the waiter gave up (timed out or cancelled)
-        settled.set_result(None)
-
-
-class DeliveryError(RuntimeError):
-    """The broker did not acknowledge every record of a call."""
-
-
-class TopicsUnavailable(DeliveryError):
-    """A channel's topics could not be provisioned (the broker is unreachable): nothing was sent."""
-
-
-class _Acks:
-    """Delivery reports of one call. They arrive on whichever thread polls the client (the producer's
-    poll thread; a caller whose local queue is full; ``close``'s flush); the last one settles the call:
-    ``wait`` returns and ``on_settled`` runs (an event loop's wake-up, on the polling thread)."""
-
-    __slots__ = ("expected", "delivered", "errors", "lock", "gate", "on_settled", "release")
-
-    def __init__(self, expected: int, on_settled: Callable[[], None] | None = None) -> None:
-        self.expected = expected
-        self.delivered = 0
-        self.errors: list[KafkaError] = []
-        self.lock = threading.Lock()
-        self.gate = threading.Lock()  # held until settled: a bare lock is a cheaper wait than an Event
-        self.gate.acquire()
-        self.on_settled = on_settled
-        self.release: Callable[[], None] | None = None
-        """Set by the poller: told once, when the call is settled (it counts calls in flight)."""
-
-    def __call__(self, error: KafkaError | None, _message: Any = None) -> None:
-        with self.lock:
-            if error is None:
-                self.delivered += 1
-            else:
-                self.errors.append(error)
-            if self.delivered + len(self.errors) != self.expected:
-                return
-        self._settle()
-
-    def expect(self, produced: int) -> None:
-        """Only ``produced`` records were queued (producing the next one failed): settle on those."""
-        with self.lock:
-            self.expected = produced
-            if self.delivered + len(self.errors) != produced:
-                return
-        self._settle()
-
-    @property
-    def settled(self) -> bool:
-        return not self.gate.locked()
-
-    def wait(self, timeout: float) -> bool:
-        """Whether the call settled within ``timeout`` seconds."""
-        if not self.gate.acquire(timeout=timeout):
-            return False
-        self.gate.release()
-        return True
-
-    def _settle(self) -> None:
-        self.gate.release()
-        if self.release is not None:
-            self.release()
-        if self.on_settled is not None:
-            try:
-                self.on_settled()
-            except RuntimeError:  # the caller's event loop is closed: nobody waits any more
-                pass
-
-
-class _Poller:
-    """One thread serving the client's delivery reports while any call is in flight, so a caller waits
-    on its own call (or an event loop on its future), never in a poll of its own.
-
-    (When every caller polled, a report served by another caller's poll left its own caller asleep
-    until that poll's timeout.) The thread starts with the first call and sleeps while none is in
-    flight, so an idle producer costs no wake-ups and ``close`` stops it at once."""
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self.in_flight = 0
-        self.stopping = False
-        self.changed = threading.Condition(threading.Lock())
-        self.thread: threading.Thread | None = None
-
-    def track(self, acks: _Acks) -> None:
-        """Count ``acks`` in flight until it settles (before its first record is queued)."""
-        acks.release = self._settled
-        with self.changed:
-            if self.stopping:
-                raise DeliveryError("producer is closed")
-            self.in_flight += 1
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._serve, name="trajbus-producer-poll", daemon=True)
-                self.thread.start()
-            elif self.in_flight == 1:
-                self.changed.notify()
-
-    def _settled(self) -> None:
-        with self.changed:
-            self.in_flight -= 1
-
-    def _serve(self) -> None:
-        while True:
-            with self.changed:
-                while not self.in_flight and not self.stopping:
-                    self.changed.wait()
-                if self.stopping:
-                    return
-            try:
-                self.client.poll(0.05)  # returns as soon as reports were served
-            except Exception:  # a callback raised: the call it belongs to still settles or times out
-                log.exception("delivery report callback failed")
-
-    def stop(self) -> None:
-        with self.changed:
-            self.stopping = True
-            self.changed.notify()
-        if self.thread is not None and self.thread is not threading.current_thread():
-            self.thread.join()
 
 
 def _as_step(step: Step | Mapping[str, Any], channel: str, n_rollouts: int | None,
@@ -225,7 +100,7 @@ class StepProducer:
             "message.max.bytes": self.settings.max_message_bytes,
             **config,
         })
-        self._poller = _Poller(self._producer)
+        self._poller = Poller(self._producer)
 
     def is_provisioned(self, channel: str) -> bool:
         """Whether this producer already provisioned the channel's topics (no broker call)."""
@@ -267,8 +142,8 @@ class StepProducer:
         acks = self._send(topic, records)
         try:
             if not acks.wait(self.timeout):
-                raise self._late(topic, acks)
-            self._check(topic, acks)
+                raise acks.late(topic, self.timeout)
+            acks.raise_errors(topic)
         except BaseException:
             self._forget(records)
             raise
@@ -277,22 +152,22 @@ class StepProducer:
     async def _publish_async(self, topic: str, records: list[Step | TrajectoryEnd]) -> int:
         loop = asyncio.get_running_loop()
         settled = loop.create_future()
-        acks = self._send(topic, records, partial(loop.call_soon_threadsafe, _resolve, settled))
+        acks = self._send(topic, records, partial(loop.call_soon_threadsafe, resolve, settled))
         try:
             try:
                 await asyncio.wait_for(settled, self.timeout)
             except asyncio.TimeoutError:
-                raise self._late(topic, acks) from None
-            self._check(topic, acks)
+                raise acks.late(topic, self.timeout) from None
+            acks.raise_errors(topic)
         except BaseException:  # DeliveryError, or the caller cancelled before the acknowledgement
             self._forget(records)
             raise
         return acks.delivered
 
     def _send(self, topic: str, records: list[Step | TrajectoryEnd],
-              on_settled: Callable[[], None] | None = None) -> _Acks:
+              on_settled: Callable[[], None] | None = None) -> Acks:
         """Encode and queue every record; the returned acks settle once the broker answered for each."""
-        acks = _Acks(len(records), on_settled)
+        acks = Acks(len(records), on_settled)
         self._poller.track(acks)
         produced = 0
         try:
@@ -317,7 +192,7 @@ class StepProducer:
         self._prefixes.forget(record.trajectory_uid)
         return codec.encode(record)
 
-    def _produce(self, topic: str, record: Step | TrajectoryEnd, payload: bytes, acks: _Acks) -> None:
+    def _produce(self, topic: str, record: Step | TrajectoryEnd, payload: bytes, acks: Acks) -> None:
         while True:
             try:
                 # The record's timestamp is the event's creation time, so a replay by
@@ -328,16 +203,6 @@ class StepProducer:
                 return
             except BufferError:  # local queue full: serve delivery reports, then retry
                 self._producer.poll(0.05)
-
-    def _late(self, topic: str, acks: _Acks) -> DeliveryError:
-        return DeliveryError(f"{acks.expected - acks.delivered} of {acks.expected} records to {topic} "
-                             f"not acknowledged within {self.timeout}s")
-
-    @staticmethod
-    def _check(topic: str, acks: _Acks) -> None:
-        if acks.errors:
-            raise DeliveryError(f"{len(acks.errors)} of {acks.expected} records to {topic} failed: "
-                                f"{acks.errors[0].str()}")
 
     def submit_steps(self, steps: Iterable[Step | Mapping[str, Any]], channel: str = "train",
                      n_rollouts: int | None = None) -> int:

@@ -9,7 +9,8 @@ import threading
 import pytest
 
 from trajbus.streams.prefix import PROMPT_FULL
-from trajbus.streams.producer import DeliveryError, StepProducer, TopicsUnavailable, _Acks, _Poller
+from trajbus.streams.delivery import Acks, Poller
+from trajbus.streams.producer import DeliveryError, StepProducer, TopicsUnavailable
 from tests.unit.test_prefix import trajectory
 
 NOBODY = "127.0.0.1:1"  # nobody listens
@@ -19,7 +20,7 @@ class FakeClient:
     """Serves the delivery reports it is handed, on the thread that polls it."""
 
     def __init__(self) -> None:
-        self.reports: list[_Acks] = []
+        self.reports: list[Acks] = []
         self.lock = threading.Lock()
         self.polled_on: set[str] = set()
 
@@ -36,8 +37,8 @@ class FakeClient:
 
 def test_the_poll_thread_settles_each_call_on_its_own_reports_and_sleeps_when_none_is_in_flight():
     client = FakeClient()
-    poller = _Poller(client)
-    calls = [_Acks(2) for _ in range(3)]
+    poller = Poller(client)
+    calls = [Acks(2) for _ in range(3)]
     for acks in calls:
         poller.track(acks)
     assert poller.in_flight == 3
@@ -53,18 +54,18 @@ def test_the_poll_thread_settles_each_call_on_its_own_reports_and_sleeps_when_no
     poller.stop()
     assert not poller.thread.is_alive()
     with pytest.raises(DeliveryError, match="closed"):
-        poller.track(_Acks(1))
+        poller.track(Acks(1))
 
 
 def test_a_call_whose_producing_failed_part_way_settles_on_the_records_queued():
     settled = []
-    acks = _Acks(3, on_settled=lambda: settled.append(True))
+    acks = Acks(3, on_settled=lambda: settled.append(True))
     acks(None, None)
     acks.expect(2)  # the third record was never queued
     assert not acks.settled
     acks(None, None)
     assert acks.settled and settled == [True] and acks.delivered == 2
-    nothing = _Acks(2)
+    nothing = Acks(2)
     nothing.expect(0)
     assert nothing.settled
 
