@@ -109,7 +109,8 @@ class Admission:
         """(channel, prompt_uid) of groups whose trajectories all finished -> when the last one did."""
         self.ready: Callable[[str], int | None] = lambda channel: None
         """Ready groups of a channel (``BacklogMonitor.ready``, once Kafka is connected)."""
-        self.elsewhere: Callable[[str], int] = lambda channel: 0
+        self.elsewhere: Callable[[str], set[str]] = lambda channel: set()
+        """Prompt groups of a channel in flight at the other live gateways (``BacklogMonitor.elsewhere``)."""
         self._changed = asyncio.Event()
 
     def rules(self, channel: str) -> AdmissionRules:
@@ -133,9 +134,6 @@ class Admission:
                 groups.setdefault(channel, set()).add(prompt_uid)
         return groups
 
-    def in_flight_counts(self) -> dict[str, int]:
-        return {channel: len(groups) for channel, groups in self.in_flight().items()}
-
     def forget_abandoned(self) -> None:
         """Drop abandoned trajectories and groups finished long enough ago (on the event loop only)."""
         now = time.time()
@@ -150,7 +148,7 @@ class Admission:
         if ready is None:
             return None
         here = self.in_flight().get(channel, set()) if in_flight_here is None else in_flight_here
-        return Backlog(ready, len(here), self.elsewhere(channel))
+        return Backlog(ready, len(here), len(self.elsewhere(channel) - here))
 
     def add(self, trajectory_uid: str, channel: str, prompt_uid: str, last_seen: float | None = None) -> None:
         self.admitted[trajectory_uid] = Admitted(channel, prompt_uid, last_seen or time.time())
@@ -183,8 +181,8 @@ class Admission:
         waited = False
         while True:
             here = self.in_flight().get(channel, set())
-            reason = refusal(rules, self.backlog(channel, here), prompt_uid not in here, start_version(),
-                             trainer_version())
+            new_group = prompt_uid not in here and prompt_uid not in self.elsewhere(channel)
+            reason = refusal(rules, self.backlog(channel, here), new_group, start_version(), trainer_version())
             if reason is None:
                 self.add(trajectory_uid, channel, prompt_uid)
                 self.metrics.admissions.labels(channel, "admitted", "waited" if waited else "immediately").inc()

@@ -42,15 +42,15 @@ class BacklogMonitor:
     """Ready groups per channel, and the in-flight groups of the other gateways; publishes this one's."""
 
     def __init__(self, bootstrap_servers: str, prefix: str, gateway_id: str,
-                 in_flight: Callable[[], dict[str, int]], on_refresh: Callable[[], None],
+                 in_flight: Callable[[], dict[str, set[str]]], on_refresh: Callable[[], None],
                  timeout: float = 5.0) -> None:
         self.prefix, self.gateway_id, self.timeout = prefix, gateway_id, timeout
         self._in_flight, self._on_refresh = in_flight, on_refresh
         self._channels: set[str] = set()
         self._ready: dict[str, tuple[int, float]] = {}
         """channel -> (ready groups, monotonic time of the read)."""
-        self._others: dict[str, tuple[float, dict[str, int]]] = {}
-        """gateway id -> (updated_at, in-flight groups per channel), from their snapshots."""
+        self._others: dict[str, tuple[float, dict[str, set[str]]]] = {}
+        """gateway id -> (updated_at, prompt groups in flight per channel), from their snapshots."""
         self.bootstrap_servers = bootstrap_servers
         self._committed: dict[str, Consumer] = {}
         """channel -> a consumer in the trainer's group that never subscribes: it only reads the commits."""
@@ -78,10 +78,15 @@ class BacklogMonitor:
         ready, read_at = self._ready.get(channel, (None, 0.0))
         return ready if time.monotonic() - read_at <= LIVE_WITHIN else None
 
-    def elsewhere(self, channel: str) -> int:
-        """Groups in flight at the other live gateways."""
+    def elsewhere(self, channel: str) -> set[str]:
+        """Prompt groups in flight at the other live gateways: a group whose rollouts several gateways
+        serve is one group."""
         horizon = time.time() - LIVE_WITHIN
-        return sum(counts.get(channel, 0) for at, counts in list(self._others.values()) if at >= horizon)
+        groups: set[str] = set()
+        for at, by_channel in list(self._others.values()):
+            if at >= horizon:
+                groups |= by_channel.get(channel, set())
+        return groups
 
     # -- the thread ------------------------------------------------------------------
     def _run(self) -> None:
@@ -121,11 +126,13 @@ class BacklogMonitor:
             ready += max(0, high - max(low, committed.get(tp.partition, -1)))
         return ready
 
-    def _publish(self, counts: dict[str, int]) -> None:
-        """This gateway's in-flight groups; every channel watched is named, so a count that drops to 0 is seen."""
-        counts = {**{channel: 0 for channel in self._channels}, **counts}
+    def _publish(self, groups: dict[str, set[str]]) -> None:
+        """This gateway's in-flight groups, counted (``samples``, as the workers' snapshots) and named
+        (``groups``); every channel watched is named, so a count that drops to 0 is seen."""
+        groups = {**{channel: set() for channel in self._channels}, **groups}
         snapshot = {"worker_id": self.gateway_id, "updated_at": time.time(),
-                    "samples": [[IN_FLIGHT_SAMPLE, {"channel": c}, n] for c, n in sorted(counts.items())]}
+                    "samples": [[IN_FLIGHT_SAMPLE, {"channel": c}, len(g)] for c, g in sorted(groups.items())],
+                    "groups": {c: sorted(g) for c, g in groups.items()}}
         self._producer.produce(stats_topic(self.prefix), key=self.gateway_id.encode(),
                                value=json.dumps(snapshot).encode())
         self._producer.poll(0)
@@ -142,9 +149,7 @@ class BacklogMonitor:
                 continue
             try:
                 snapshot = json.loads(message.value())
-                counts = {labels["channel"]: int(value) for name, labels, value in snapshot["samples"]
-                          if name == IN_FLIGHT_SAMPLE}
-                self._others[key] = (float(snapshot["updated_at"]), counts)
+                self._others[key] = (float(snapshot["updated_at"]), _groups_of(key, snapshot))
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("ignoring gateway snapshot %s: %s", key, exc)
 
@@ -157,3 +162,12 @@ class BacklogMonitor:
         self._consumer.close()
         for consumer in self._committed.values():
             consumer.close()
+
+
+def _groups_of(gateway_id: str, snapshot: dict) -> dict[str, set[str]]:
+    """A snapshot's in-flight groups per channel; a gateway that sends only counts (an older version)
+    gets that many groups of its own."""
+    if "groups" in snapshot:
+        return {channel: {str(uid) for uid in uids} for channel, uids in snapshot["groups"].items()}
+    return {labels["channel"]: {f"{gateway_id}#{i}" for i in range(int(value))}
+            for name, labels, value in snapshot["samples"] if name == IN_FLIGHT_SAMPLE}

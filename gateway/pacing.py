@@ -47,7 +47,7 @@ class Pacing:
         if not self.active:
             return
         backlog = BacklogMonitor(servers, self.settings.prefix, f"gateway-{self.settings.instance}",
-                                 self.admission.in_flight_counts,
+                                 self.admission.in_flight,
                                  lambda: self._loop.call_soon_threadsafe(self._refreshed))
         backlog.watch(self.settings.default_channel)
         self.admission.ready, self.admission.elsewhere = backlog.ready, backlog.elsewhere

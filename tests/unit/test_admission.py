@@ -60,7 +60,8 @@ def test_per_channel_limits_override_the_defaults():
 
 
 def admission(mark: int, ready: int | None) -> Admission:
-    gate = Admission(AdmissionRules(max_backlog_groups=mark), {}, idle_timeout=600, metrics=GatewayMetrics("test", "http://test"))
+    gate = Admission(AdmissionRules(max_backlog_groups=mark), {}, idle_timeout=600,
+                     metrics=GatewayMetrics("test", "http://test"))
     gate.ready = lambda channel: ready
     return gate
 
@@ -71,7 +72,7 @@ def test_admitted_trajectories_are_the_in_flight_count_until_released():
         await gate.admit("a", "train", "p1", lambda: None, lambda: None)
         await gate.admit("b", "train", "p1", lambda: None, lambda: None)  # same group: no new group
         await gate.admit("c", "train", "p2", lambda: None, lambda: None)
-        assert gate.in_flight_counts() == {"train": 2}
+        assert gate.in_flight() == {"train": {"p1", "p2"}}
         with pytest.raises(GatewayError) as refused:
             await gate.admit("d", "train", "p3", lambda: None, lambda: None)
         assert refused.value.status == 429 and refused.value.code == BACKLOG_FULL and refused.value.retry_after
@@ -104,6 +105,20 @@ def test_a_held_trajectory_is_admitted_when_the_signals_change():
 def test_abandoned_trajectories_stop_counting():
     gate = admission(mark=1, ready=0)
     gate.add("old", "train", "p1", last_seen=1.0)  # no call since 1970
-    assert gate.in_flight_counts() == {}
+    assert gate.in_flight() == {}
     asyncio.run(gate.admit("new", "train", "p2", lambda: None, lambda: None))
     assert set(gate.admitted) == {"new"}
+
+
+def test_a_group_served_by_several_gateways_counts_once_and_its_rollouts_are_not_new_groups():
+    async def scenario() -> None:
+        gate = admission(mark=2, ready=0)
+        gate.elsewhere = lambda channel: {"p1", "p2"}  # two groups at the other gateways of the fleet
+        await gate.admit("a", "train", "p1", lambda: None, lambda: None)  # a rollout of p1: no new group
+        assert gate.backlog("train") == Backlog(0, 1, 1)  # p1 here, p2 elsewhere: two groups, not three
+        with pytest.raises(GatewayError) as refused:
+            await gate.admit("b", "train", "p3", lambda: None, lambda: None)
+        assert refused.value.code == BACKLOG_FULL
+        await gate.admit("c", "train", "p2", lambda: None, lambda: None)  # p2's rollouts go anywhere
+
+    asyncio.run(scenario())
