@@ -97,11 +97,11 @@ class ChatCompletions:
         self.require("tokenizer", "kafka", "backend")
         messages = [m.for_template() for m in request.messages]
         prompts = self.tokenizer.prompts
-        build = functools.partial(prompts.build, messages, request.tools, trajectory.last_conversation,
-                                  trajectory.context_ids)
+        new = prompts.new_messages(messages, trajectory.last_conversation, trajectory.context_ids)
+        build = functools.partial(prompts.build_new, messages, request.tools, new, trajectory.context_ids)
         try:
-            if prompts.characters_to_render(messages, trajectory.last_conversation,
-                                            trajectory.context_ids) <= INLINE_CHARACTERS:
+            rendered = messages if new is None else new
+            if sum(len(m.get("content") or "") for m in rendered) <= INLINE_CHARACTERS:
                 prompt = build()
             else:  # a long render would hold every other call: a worker thread does it
                 prompt = await asyncio.to_thread(build)

@@ -124,12 +124,13 @@ class PromptBuilder:
             return None
         return context_ids + tail_ids[_overlap(context_ids, closing_ids):]
 
-    def characters_to_render(self, messages: list[dict[str, Any]], conversation: list[dict[str, Any]] | None,
-                             context_ids: list[int] | None) -> int:
-        """About how much text ``build`` renders and tokenizes: the new messages', or the whole conversation's."""
+    def new_messages(self, messages: list[dict[str, Any]], conversation: list[dict[str, Any]] | None,
+                     context_ids: list[int] | None) -> list[dict[str, Any]] | None:
+        """What ``messages`` add to the conversation whose token state is ``context_ids``; None when the call
+        does not continue it (or in render mode): then the whole conversation is rendered."""
         if self.mode == CUMULATIVE and context_ids and extends(messages, conversation):
-            messages = messages[len(conversation):]
-        return sum(len(m.get("content") or "") for m in messages)
+            return messages[len(conversation):]
+        return None
 
     def build(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
               conversation: list[dict[str, Any]] | None, context_ids: list[int] | None) -> Prompt:
@@ -137,8 +138,13 @@ class PromptBuilder:
 
         Raises what the chat template raises for a conversation it cannot render.
         """
-        if self.mode == CUMULATIVE and context_ids and extends(messages, conversation):
-            ids = self.continuation(context_ids, messages[len(conversation):], tools)
+        return self.build_new(messages, tools, self.new_messages(messages, conversation, context_ids), context_ids)
+
+    def build_new(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                  new: list[dict[str, Any]] | None, context_ids: list[int] | None) -> Prompt:
+        """``build``, given what ``new_messages`` found (a caller that sizes the work first asks once)."""
+        if new is not None:
+            ids = self.continuation(context_ids, new, tools)
             if ids is not None:
                 return Prompt(ids, False)
         ids = self.render(messages, tools)

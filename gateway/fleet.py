@@ -39,15 +39,13 @@ QUICK_EXIT_SECONDS = 30.0
 """An instance that ends sooner than this after its start is restarted with a growing delay."""
 
 
-def listening_socket(host: str, port: int, shared: bool) -> socket.socket:
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A listening socket the forked instances inherit (the event loop makes it non-blocking)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(BACKLOG)
-    sock.set_inheritable(True)
-    if shared:
-        sock.setblocking(False)  # several processes accept from it: none may block in accept
     return sock
 
 
@@ -69,9 +67,9 @@ class GatewayFleet:
             raise ValueError("--public-url must name {port} or {instance} with --instances > 1: each "
                              "instance's base_urls must lead back to it")
         self.settings = settings
-        self.door = listening_socket(settings.host, settings.port, shared=True)
+        self.door = listening_socket(settings.host, settings.port)
         door_port = self.door.getsockname()[1]
-        self.own = [listening_socket(settings.host, door_port + 1 + i if settings.port else 0, shared=False)
+        self.own = [listening_socket(settings.host, door_port + 1 + i if settings.port else 0)
                     for i in range(settings.instances)]
         self.instances = [self._instance_settings(i) for i in range(settings.instances)]
         self._context = multiprocessing.get_context("fork")

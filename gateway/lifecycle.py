@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
 import logging
 import secrets
@@ -120,7 +119,7 @@ class TrajectoryLifecycle:
         if policy_version is not None:
             changes["policy_version"] = policy_version
         if changes:
-            await self.store.write(functools.partial(self.store.update, trajectory.trajectory_uid, **changes))
+            await self.store.write(self.store.update, trajectory.trajectory_uid, **changes)
         return dataclasses.replace(trajectory, **changes)
 
     async def complete(self, trajectory: Trajectory, reward: float | None,

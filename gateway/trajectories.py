@@ -49,6 +49,7 @@ from array import array
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -206,9 +207,9 @@ class TrajectoryStore:
                           published, status, json.loads(conversation) if conversation else None, created_at,
                           _unpack(context_ids), context_step, _acknowledged(acknowledged, published))
 
-    async def write(self, change: Callable[..., T], *args: Any) -> T:
+    async def write(self, change: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run one of the store's changes (``create``, ``take_steps``, ...) on the writer thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._writer, change, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._writer, partial(change, *args, **kwargs))
 
     def get(self, trajectory_uid: str) -> Trajectory | None:
         """The trajectory as stored: from memory, else its row with its turns replayed. Never changed later."""

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import secrets
-from typing import Callable
-
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -25,5 +23,4 @@ def api_key_guard(api_key: str | None) -> list:
             raise GatewayError(401, "missing or wrong API key (Authorization: Bearer <key>)",
                                type_="authentication_error", code="invalid_api_key")
 
-    guard: Callable[..., None] = require_api_key
-    return [Depends(guard)]
+    return [Depends(require_api_key)]

@@ -25,8 +25,11 @@ def test_engine_calls_beyond_the_limit_are_shed_at_once_with_503_and_retry_after
     async def scenario() -> tuple[list[int], httpx.Response, httpx.Response]:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
             held = [asyncio.create_task(client.post("/t/p/v1/chat/completions")) for _ in range(2)]
-            while app.app.in_flight < 2:
-                await asyncio.sleep(0.01)
+            async def both_held() -> None:
+                while app.app.in_flight < 2:
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(both_held(), 10)
             shed = await client.post("/t/p/v1/chat/completions")
             other_route = await client.get("/statistics")  # not an engine call: never shed
             release.set()

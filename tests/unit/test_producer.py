@@ -85,7 +85,8 @@ def test_a_cancelled_async_call_forgets_its_trajectories_as_a_failed_one_does():
 
     async def cancelled(producer: StepProducer) -> None:
         call = asyncio.ensure_future(producer.submit_steps_async([first], channel="train"))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0)  # the call runs to its wait for the acknowledgement (nothing before it waits)
+        assert producer._poller.in_flight == 1 and not call.done()
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
