@@ -15,6 +15,15 @@ A user moving from slime keeps the behaviour their training relies on:
   partial rollouts go back to the buffer. Beyond slime, the buffer is saved and
   restored with the rest of the state.
 
+Given a ``PromptLedger`` (``pipelines.ledger``), every group handed out is first
+recorded on Kafka, acknowledged, under its ``prompt_uid`` (``Sample.prompt_uid``),
+and so is every group added to the buffer. A data source built on a ledger that
+already holds records resumes from it, whatever file was loaded: the cursor
+continues after the last prompt dispatched, the buffer is as it was, and the
+prompts dispatched but never settled by the worker are abandoned and handed out
+again first, exactly once, under new uids (those the worker had already emitted
+are trained from the groups topic instead). A ledger of another dataset is refused.
+
 Settings use slime's argument names (``prompt_data``, ``input_key``,
 ``label_key``, ``metadata_key``, ``tool_key``, ``apply_chat_template``,
 ``rollout_max_prompt_len``, ``n_samples_per_prompt``, ``rollout_shuffle``,
@@ -27,11 +36,14 @@ from __future__ import annotations
 import copy
 import json
 import random
+import uuid
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
 
+from trajbus.pipelines.ledger import PromptLedger
+from trajbus.streams.ledger import BufferEntry, Dispatch, fingerprint
 from trajbus.streams.settings import import_dotted
 
 
@@ -57,6 +69,8 @@ class Sample:
     status: Status = Status.PENDING
     metadata: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None
+    prompt_uid: str | None = None
+    """The group's id on the prompt ledger (and the gateway's ``prompt_uid``), when a ledger is used."""
 
     Status = Status
 
@@ -155,17 +169,29 @@ class PromptDataset:
         self.samples = list(self.origin_samples)
         self.epoch_id = -1
 
-    def shuffle(self, epoch_id: int) -> None:
+    def order(self, epoch_id: int) -> list[Sample]:
         """The order of ``epoch_id``: a permutation of the original order, seeded by seed + epoch."""
-        if epoch_id == self.epoch_id:
-            return
         permutation = list(range(len(self.origin_samples)))
         random.Random(self.seed + epoch_id).shuffle(permutation)
-        self.samples = [self.origin_samples[i] for i in permutation]
-        self.epoch_id = epoch_id
+        return [self.origin_samples[i] for i in permutation]
+
+    def shuffle(self, epoch_id: int) -> None:
+        if epoch_id != self.epoch_id:
+            self.samples, self.epoch_id = self.order(epoch_id), epoch_id
+
+    @property
+    def identity(self) -> str:
+        """``<fingerprint>/<size>`` of the prompts in original order (the ledger names it)."""
+        return f"{fingerprint((s.prompt, s.label) for s in self.origin_samples)}/{len(self.origin_samples)}"
 
     def __len__(self) -> int:
         return len(self.samples)
+
+
+def _next_attempt(prompt_uid: str) -> str:
+    """The uid a re-issue of ``prompt_uid`` gets: ``<first uid>~<attempt>``."""
+    first, _, attempt = prompt_uid.partition("~")
+    return f"{first}~{int(attempt or 0) + 1}"
 
 
 def _state_path(directory: str | Path, rollout_id: int) -> Path:
@@ -173,9 +199,9 @@ def _state_path(directory: str | Path, rollout_id: int) -> Path:
 
 
 class RolloutDataSource:
-    """Read-only prompt groups from a dataset, epoch after epoch."""
+    """Read-only prompt groups from a dataset, epoch after epoch; on a ``ledger``, recorded and resumable."""
 
-    def __init__(self, args: Any) -> None:
+    def __init__(self, args: Any, ledger: PromptLedger | None = None) -> None:
         self.args = args
         self.epoch_id = 0
         self.sample_offset = 0
@@ -184,6 +210,25 @@ class RolloutDataSource:
         self.dataset = PromptDataset(args) if args.rollout_global_dataset else None
         if self.dataset is not None and args.rollout_shuffle:
             self.dataset.shuffle(self.epoch_id)
+        self.ledger = ledger
+        self.dataset_id = self.dataset.identity if self.dataset is not None else "none/0"
+        self.due: list[Dispatch] = []
+        """Dispatches abandoned at the resume, handed out again before anything else."""
+        if ledger is not None:
+            ledger.provision()
+            ledger.refresh()
+            ledger.view.check_dataset(self.dataset_id)
+            self.due = ledger.settle_open(why="data source resumed")
+            self._roll_forward()
+
+    def _roll_forward(self) -> None:
+        """The cursor after the last prompt dispatched, and the next sample index, as the ledger has them."""
+        view = self.ledger.view
+        if view.last_from_dataset is not None:
+            self.epoch_id, self.sample_offset = view.last_from_dataset.epoch, view.last_from_dataset.offset + 1
+            if self.dataset is not None and self.args.rollout_shuffle:
+                self.dataset.shuffle(self.epoch_id)
+        self.sample_index = max(self.sample_index, view.max_sample_index + 1)
 
     def _copies(self, prompt: Sample | None) -> list[Sample]:
         group = []
@@ -195,20 +240,77 @@ class RolloutDataSource:
         return group
 
     def get_samples(self, num_samples: int) -> list[list[Sample]]:
-        """``num_samples`` groups of ``n_samples_per_prompt`` independent copies."""
+        """``num_samples`` groups of ``n_samples_per_prompt`` independent copies (abandoned ones first)."""
+        cursor = (self.epoch_id, self.sample_offset, self.sample_index)
+        try:
+            groups = self._again(num_samples)
+            picked = self._new_groups(num_samples - len(groups))
+            self._record([dispatch for _, dispatch in picked])
+        except BaseException:  # nothing handed out, nothing moved
+            self.epoch_id, self.sample_offset, self.sample_index = cursor
+            raise
+        return groups + [group for group, _ in picked]
+
+    def _new_groups(self, num_samples: int) -> list[tuple[list[Sample], Dispatch | None]]:
+        """Groups from the dataset, each with its dispatch record (None without a ledger)."""
         if self.dataset is None:
-            return [self._copies(None) for _ in range(num_samples)]
-        prompts: list[Sample] = []
-        while len(prompts) < num_samples:
-            take = min(num_samples - len(prompts), len(self.dataset) - self.sample_offset)
-            prompts += self.dataset.samples[self.sample_offset:self.sample_offset + take]
+            return [self._dispatchable(self._copies(None), "dataset", -1) for _ in range(num_samples)]
+        picked: list[tuple[list[Sample], Dispatch | None]] = []
+        while len(picked) < num_samples:
+            take = min(num_samples - len(picked), len(self.dataset) - self.sample_offset)
+            for offset in range(self.sample_offset, self.sample_offset + take):
+                picked.append(self._dispatchable(self._copies(self.dataset.samples[offset]), "dataset", offset))
             self.sample_offset += take
-            if self.sample_offset == len(self.dataset) and len(prompts) < num_samples:
+            if self.sample_offset == len(self.dataset) and len(picked) < num_samples:
                 self.epoch_id += 1  # the boundary is crossed inside this call
                 self.sample_offset = 0
                 if self.args.rollout_shuffle:
                     self.dataset.shuffle(self.epoch_id)
-        return [self._copies(p) for p in prompts]
+        return picked
+
+    def _dispatchable(self, group: list[Sample], source: str, offset: int, origin: str | None = None,
+                      epoch: int | None = None) -> tuple[list[Sample], Dispatch | None]:
+        """A group and the dispatch that will record it; its samples carry the new prompt_uid."""
+        if self.ledger is None:
+            return group, None
+        epoch = self.epoch_id if epoch is None else epoch
+        prompt_uid = {"dataset": f"p{self.dataset_id[:8]}-e{epoch}-o{offset}" if offset >= 0
+                      else f"s{group[0].index}", "buffer": f"b{origin or uuid.uuid4().hex[:16]}"}.get(source) or _next_attempt(origin)
+        for sample in group:
+            sample.prompt_uid = prompt_uid
+        return group, Dispatch(prompt_uid, self.ledger.channel, len(group), self.dataset_id, epoch, offset,
+                               [s.index for s in group], self.ledger.policy_version(), source, origin)
+
+    def _again(self, num_samples: int) -> list[list[Sample]]:
+        """Up to ``num_samples`` of the groups abandoned at the resume, recorded as re-issued."""
+        taken, self.due = self.due[:num_samples], self.due[num_samples:]
+        picked = []
+        for dispatch in taken:
+            root = self.ledger.view.root(dispatch.prompt_uid)
+            if root.source == "buffer":
+                group = [Sample.from_dict(s) for s in self.ledger.view.buffered[root.origin]]
+            else:
+                prompt = self._prompt_at(root.epoch, root.offset)
+                group = [copy.deepcopy(prompt) if prompt is not None else Sample() for _ in root.sample_indices]
+                for sample, index in zip(group, root.sample_indices):
+                    sample.index = index
+            picked.append(self._dispatchable(group, "reissue", root.offset, dispatch.prompt_uid, root.epoch))
+        try:
+            self._record([d for _, d in picked])
+        except BaseException:
+            self.due = taken + self.due
+            raise
+        return [group for group, _ in picked]
+
+    def _prompt_at(self, epoch: int, offset: int) -> Sample | None:
+        if self.dataset is None or offset < 0:
+            return None
+        return (self.dataset.order(epoch) if self.args.rollout_shuffle else self.dataset.origin_samples)[offset]
+
+    def _record(self, dispatches: list[Dispatch | None]) -> None:
+        """Every group handed out is on the ledger, acknowledged, before any agent starts on it."""
+        if self.ledger is not None and dispatches:
+            self.ledger.write(dispatches)
 
     def add_samples(self, samples: list[list[Sample]]) -> None:
         raise RuntimeError(f"{type(self).__name__} is read-only: use RolloutDataSourceWithBuffer to add samples")
@@ -218,10 +320,13 @@ class RolloutDataSource:
                 "metadata": self.metadata}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The saved state; on a ledger, its cursor then moves on to where the ledger stands."""
         self.epoch_id, self.sample_offset = state["epoch_id"], state["sample_offset"]
         self.sample_index, self.metadata = state["sample_index"], dict(state["metadata"])
         if self.dataset is not None and self.args.rollout_shuffle:
             self.dataset.shuffle(self.epoch_id)
+        if self.ledger is not None:
+            self._roll_forward()
 
     def save(self, rollout_id: int) -> Path | None:
         """Write the state of ``rollout_id`` under ``args.save``; returns the file."""
@@ -264,19 +369,29 @@ def pop_first(args: Any, rollout_id: Any, buffer: list[list[Sample]], num_sample
 class RolloutDataSourceWithBuffer(RolloutDataSource):
     """The buffer first (aborted or returned groups), then the dataset."""
 
-    def __init__(self, args: Any) -> None:
-        super().__init__(args)
+    def __init__(self, args: Any, ledger: PromptLedger | None = None) -> None:
         self.buffer: list[list[Sample]] = []
+        self._entries: dict[int, str] = {}
+        """On a ledger: id() of a buffered group -> its buffer entry."""
         path = getattr(args, "buffer_filter_path", None)
         self.buffer_filter: BufferFilter = import_dotted(path, "buffer_filter_path") if path else pop_first
         if not callable(self.buffer_filter):
             raise ValueError(f"buffer_filter_path: {path!r} is not callable")
+        super().__init__(args, ledger)
 
-    def get_samples(self, num_samples: int) -> list[list[Sample]]:
-        samples = self.buffer_filter(self.args, None, self.buffer, num_samples) if self.buffer else []
-        if len(samples) < num_samples:
-            samples += super().get_samples(num_samples - len(samples))
-        return samples
+    def _roll_forward(self) -> None:
+        super()._roll_forward()
+        buffered = self.ledger.view.buffer()
+        self.buffer = [[Sample.from_dict(s) for s in samples] for samples in buffered.values()]
+        self._entries = {id(group): entry for group, entry in zip(self.buffer, buffered)}
+
+    def _new_groups(self, num_samples: int) -> list[tuple[list[Sample], Dispatch | None]]:
+        """The buffer first (through the buffer filter), then the dataset."""
+        taken = self.buffer_filter(self.args, None, self.buffer, num_samples) if self.buffer else []
+        picked = [self._dispatchable(g, "buffer", -1, self._entries.pop(id(g), None)) for g in taken]
+        if len(picked) < num_samples:
+            picked += super()._new_groups(num_samples - len(picked))
+        return picked
 
     def add_samples(self, samples: list[list[Sample]]) -> None:
         """Append groups to the buffer; each must be a list of ``n_samples_per_prompt`` Samples."""
@@ -288,6 +403,12 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
             if len(group) != self.args.n_samples_per_prompt:
                 raise ValueError(f"samples[{position}]: has {len(group)} samples, n_samples_per_prompt is "
                                  f"{self.args.n_samples_per_prompt}")
+        if self.ledger is not None:  # a group returned from a dispatch replaces it: that one is given up
+            entries = [BufferEntry(uuid.uuid4().hex[:16], [s.to_dict() for s in group], group[0].prompt_uid)
+                       for group in samples]
+            self.ledger.write(entries)
+            self.ledger.abandon([entry.replaces for entry in entries if entry.replaces], "returned to the buffer")
+            self._entries.update({id(group): entry.entry_id for group, entry in zip(samples, entries)})
         self.buffer.extend(samples)
 
     def return_aborted(self, groups: list[list[Sample]]) -> int:

@@ -42,7 +42,7 @@ from prometheus_client import start_http_server
 from trajbus.infra.clients import acked_producer
 from trajbus.infra.kafka_config import faust_credentials
 from trajbus.infra.retry import retrying_async
-from trajbus.streams import codec
+from trajbus.streams import codec, ledger
 from trajbus.streams.assembly import Outcome, PendingGroup
 from trajbus.streams.bodies import StepBodies
 from trajbus.streams.dlq import dlq_headers
@@ -57,7 +57,8 @@ from trajbus.streams.records import Step, TrajectoryEnd
 from trajbus.streams.settings import WorkerSettings
 from trajbus.streams.state_keys import SourceRecord, StateKey, read_range
 from trajbus.streams.stats import WorkerMetrics, encode_snapshot
-from trajbus.streams.topics import channel_of, chunks_topic, dlq_topic, groups_topic, stats_topic, steps_topic
+from trajbus.streams.topics import (channel_of, chunks_topic, dlq_topic, groups_topic, prompts_topic, stats_topic,
+                                   steps_topic)
 
 log = logging.getLogger("trajbus.worker")
 
@@ -91,6 +92,8 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
                         for c in settings.channels}
         self.chunk_outputs = {c: app.topic(chunks_topic(c, self.prefix), key_serializer="raw",
                                            value_serializer="raw") for c in settings.channels}
+        self.ledgers = {c: app.topic(prompts_topic(c, self.prefix), key_serializer="raw", value_serializer="raw")
+                        for c in settings.channels}
         self.dlq = app.topic(dlq_topic(self.prefix), key_serializer="raw", value_serializer="raw")
         self.filters: dict[str, Callable | None] = {c: settings.channel(c).load_group_filter()
                                                     for c in settings.channels}
@@ -202,6 +205,9 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
                     message: Any) -> None:
         delta, record = (record, step_of(record)) if isinstance(record, StepDelta) else (None, record)
         marker = self.state.get(StateKey(partition, "e", channel, record.prompt_uid).encode())
+        if isinstance(record, TrajectoryEnd) and ledger.ABANDON in record.metadata:
+            await self.abandon(partition, channel, record, message.offset, marker)
+            return
         if marker is not None:
             if message.offset <= json.loads(marker)["offset"]:
                 self.metrics.duplicates.labels(channel).inc()  # a replay after a crash or rebalance
@@ -308,7 +314,7 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
         self.metrics.dropped.labels(group.channel, DROP_TIMEOUT).inc()
         log.info("group timed out channel=%s prompt_uid=%s complete=%d", group.channel, group.prompt_uid,
                  len(group.complete_trajectories()))
-        self.record_outcome(partition, group, f"dropped ({DROP_TIMEOUT})")
+        await self.settle(partition, group, f"dropped ({DROP_TIMEOUT})")
 
     def expire_markers(self, markers: list[StateKey], now: float) -> None:
         """Emitted markers outlive late events for ``emitted_ttl``; then they go."""

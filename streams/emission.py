@@ -12,7 +12,10 @@
 - a group record over ``max.message.bytes`` is written as chunks and named by a
   manifest (``streams.chunks``); one over the channel's ``max_group_bytes``, or whose
   steps are gone or inconsistent, is dropped with its reason and assembly of every
-  other group goes on.
+  other group goes on;
+- every outcome is written to the channel's prompt ledger (``streams.ledger``), acknowledged,
+  before the table records it, so a data source resuming from the ledger never misses one;
+  a group its data source abandons is dropped here, in step order, unless already emitted.
 """
 
 from __future__ import annotations
@@ -24,13 +27,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trajbus.streams import chunks, codec
+from trajbus.streams import chunks, codec, ledger
 from trajbus.streams.assembly import PendingGroup
 from trajbus.streams.dlq import dlq_headers
 from trajbus.streams.filters import judge
 from trajbus.streams.parts import AssemblerParts
 from trajbus.streams.prefix import PrefixError, StepDelta, regroup, resolve_group
-from trajbus.streams.records import ChunkedGroup, ReadyGroup
+from trajbus.streams.records import ChunkedGroup, ReadyGroup, TrajectoryEnd
 from trajbus.streams.state_keys import SOURCE_OFFSET, SOURCE_PARTITION, StateKey
 from trajbus.streams.topics import chunks_topic, steps_topic
 
@@ -48,6 +51,7 @@ class GroupEmission(AssemblerParts):
     filters: dict[str, Callable | None]
     outputs: dict[str, Any]
     chunk_outputs: dict[str, Any]
+    ledgers: dict[str, Any]
     dlq: Any
 
     async def finish(self, partition: int, group: PendingGroup, status: str) -> None:
@@ -60,7 +64,7 @@ class GroupEmission(AssemblerParts):
             reason = STEPS_EXPIRED if isinstance(exc, LookupError) else PREFIX_MISMATCH
             self.metrics.dropped.labels(channel, reason).inc()
             log.error("group dropped channel=%s prompt_uid=%s reason=%s: %s", channel, group.prompt_uid, reason, exc)
-            self.record_outcome(partition, group, f"dropped ({reason})")
+            await self.settle(partition, group, f"dropped ({reason})")
             return
         self.metrics.groups.labels(channel, "ready" if status == "complete" else status).inc()
         if self.filters[channel] is not None:  # the user's filter sees full prompts
@@ -71,7 +75,7 @@ class GroupEmission(AssemblerParts):
         if not verdict.keep:
             self.metrics.dropped.labels(channel, verdict.reason).inc()
             log.info("group dropped channel=%s prompt_uid=%s reason=%s", channel, group.prompt_uid, verdict.reason)
-            self.record_outcome(partition, group, f"dropped ({verdict.reason})")
+            await self.settle(partition, group, f"dropped ({verdict.reason})")
             return
         ready.ready_at = time.time()
         value = codec.preamble(codec.KIND_READY_GROUP) + codec.encode_group_body(ready, shared, entries)
@@ -85,7 +89,7 @@ class GroupEmission(AssemblerParts):
         groups_partition, offset = await self.emit(partition, group, ready, value, manifest)
         # Marker before watermark: both go to one changelog partition, in order, so
         # a recovered watermark always implies the markers of the groups below it.
-        self.record_outcome(partition, group, "emitted")
+        await self.settle(partition, group, "emitted", (groups_partition, offset))
         self.advance_watermark(partition, channel, groups_partition, offset)
 
     async def structured(self, partition: int, group: PendingGroup,
@@ -114,7 +118,7 @@ class GroupEmission(AssemblerParts):
         self.metrics.dlq.labels(channel, TOO_LARGE).inc()
         self.metrics.dropped.labels(channel, TOO_LARGE).inc()
         log.warning("group dropped channel=%s prompt_uid=%s reason=%s", channel, group.prompt_uid, reason)
-        self.record_outcome(partition, group, f"dropped ({TOO_LARGE})")
+        await self.settle(partition, group, f"dropped ({TOO_LARGE})")
 
     async def write_chunks(self, channel: str, prompt_uid: str, value: bytes) -> ChunkedGroup:
         """Write a group's value as chunks, each acknowledged; returns the manifest that names them."""
@@ -139,6 +143,34 @@ class GroupEmission(AssemblerParts):
                  group.channel, ready.prompt_uid, ready.status, len(ready.trajectory_uids), len(ready.steps),
                  metadata.offset, len(manifest.offsets) if manifest else 0)
         return metadata.partition, metadata.offset
+
+    async def write_outcome(self, channel: str, prompt_uid: str, outcome: str,
+                            placed: tuple[int, int] | None = None) -> None:
+        """The group's outcome on the prompt ledger (``placed``: where it was emitted), acknowledged."""
+        key, value = ledger.encode_record(ledger.Outcome.of(prompt_uid, outcome, placed))
+        await (await self.ledgers[channel].send(key=key, value=value,
+                                                headers=[("content-type", ledger.CONTENT_TYPE.encode())]))
+
+    async def settle(self, partition: int, group: PendingGroup, outcome: str,
+                     placed: tuple[int, int] | None = None) -> None:
+        """The outcome to the ledger, then to the table: the ledger is never behind the table."""
+        await self.write_outcome(group.channel, group.prompt_uid, outcome, placed)
+        self.record_outcome(partition, group, outcome)
+
+    async def abandon(self, partition: int, channel: str, end: TrajectoryEnd, offset: int,
+                      marker: bytes | None) -> None:
+        """A data source gave the group up (``ledger.ABANDON``): dropped unless it already has an outcome,
+        which then stands (the ledger holds it); steps of it that come later are late."""
+        if marker is not None:
+            self.metrics.duplicates.labels(channel).inc()
+            return
+        key = StateKey(partition, "g", channel, end.prompt_uid).encode()
+        group = self.pending_group(partition, key) or PendingGroup(prompt_uid=end.prompt_uid, channel=channel)
+        group.last_offset = max(group.last_offset, offset)
+        self.metrics.dropped.labels(channel, ledger.ABANDONED).inc()
+        log.info("group abandoned channel=%s prompt_uid=%s why=%s trajectories=%d", channel, end.prompt_uid,
+                 end.metadata[ledger.ABANDON], len(group.trajectories))
+        await self.settle(partition, group, f"dropped ({ledger.ABANDONED})")
 
     def record_outcome(self, partition: int, group: PendingGroup, outcome: str) -> None:
         self.state[StateKey(partition, "e", group.channel, group.prompt_uid).encode()] = json.dumps(

@@ -28,7 +28,7 @@ log = logging.getLogger("trajbus.worker")
 class PartitionRecovery(AssemblerParts):
     """The recovering half of ``streams.app.GroupAssembler``: a mixin, the assembler's parts it uses
     declared in ``AssemblerParts`` and below (and its ``lock``, ``active_partitions``, ``apply_at``,
-    ``advance_watermark``, ``pending_group``)."""
+    ``advance_watermark``, ``pending_group``, ``write_outcome``)."""
 
     positions: SourcePositions
     reconciled: set[int]
@@ -60,6 +60,7 @@ class PartitionRecovery(AssemblerParts):
             for prompt_uid, (groups_partition, offset, source_offset) in found.items():
                 marker = StateKey(partition, "e", channel, prompt_uid).encode()
                 if self.state.get(marker) is None:
+                    await self.write_outcome(channel, prompt_uid, "emitted", (groups_partition, offset))
                     self.state[marker] = json.dumps(
                         {"offset": source_offset, "at": time.time(), "outcome": "emitted"}).encode()
                     key = StateKey(partition, "g", channel, prompt_uid).encode()

@@ -3,6 +3,7 @@
 ``{prefix}.steps.{channel}``  step events, key = prompt_uid
 ``{prefix}.groups.{channel}`` ready prompt groups; retention is the backpressure
 ``{prefix}.chunks.{channel}`` the bytes of groups too large for one record (``streams.chunks``)
+``{prefix}.prompts.{channel}`` the prompt ledger: groups handed out and how each ended (compacted, ``streams.ledger``)
 ``{prefix}.policy``           the trainer's policy version (compacted)
 ``{prefix}.dlq``              records that could not be processed, with the reason
 ``{prefix}.stats``            statistics snapshots of the stream workers (compacted)
@@ -60,6 +61,11 @@ def groups_topic(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
 def chunks_topic(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
     """Chunks of group records too large for one record; the groups topic names them."""
     return f"{prefix}.chunks.{validate_channel(channel)}"
+
+
+def prompts_topic(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The prompt ledger of a channel (``streams.ledger``): one partition, compacted."""
+    return f"{prefix}.prompts.{validate_channel(channel)}"
 
 
 def policy_topic(prefix: str = DEFAULT_PREFIX) -> str:
@@ -144,7 +150,8 @@ class TopicSettings:
                                             "max.message.bytes": str(self.max_message_bytes)})
 
     def channel_specs(self, channel: str) -> list[TopicSpec]:
-        """The topics every channel has. Chunks are kept as long as the groups that name them."""
+        """The topics every channel has. Chunks are kept as long as the groups that name them; the prompt
+        ledger is one ordered log, compacted (never deleted by age: it is the data sources' state)."""
         common = {"max.message.bytes": str(self.max_message_bytes)}
         queue = {
             **common,
@@ -160,6 +167,7 @@ class TopicSettings:
             }),
             self.spec(groups_topic(channel, self.prefix), self.groups_partitions, queue),
             self.spec(chunks_topic(channel, self.prefix), self.groups_partitions, queue),
+            self.spec(prompts_topic(channel, self.prefix), 1, {**common, "cleanup.policy": "compact"}),
         ]
 
     def shared_specs(self) -> list[TopicSpec]:
