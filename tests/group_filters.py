@@ -13,3 +13,8 @@ def drop_marked(group: ReadyGroup) -> tuple[bool, str]:
 def keep_even(group: ReadyGroup) -> tuple[bool, str]:
     """Keep groups whose prompt_uid ends in an even digit (replay tests re-filter history with it)."""
     return (int(group.prompt_uid[-1]) % 2 == 0), "odd"
+
+
+def drop_every_13th(group: ReadyGroup) -> tuple[bool, str]:
+    """Drop the prompts at dataset offsets 0, 13, 26, ... (uids ``...-o<offset>[~attempt]``)."""
+    return int(group.prompt_uid.split("-o")[-1].split("~")[0]) % 13 != 0, "every_13th"

@@ -1,0 +1,85 @@
+"""Every prompt of an epoch trained exactly once, through kill -9 of the rollout driver, the trainer or both,
+each resumed from the last checkpoint (the data source from the prompt ledger)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trajbus.pipelines.ledger import PromptLedger
+from trajbus.pipelines.processes import ServiceProcess
+from tests.helpers import wait_for
+from tests.lifecycle_driver import prompt_of
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = 64
+
+
+def role(name: str, servers: str, prefix: str, tmp_path: Path, *extra: str) -> ServiceProcess:
+    count = len(list(tmp_path.glob(f"{name}*.log")))
+    return ServiceProcess([name, "--bootstrap-servers", servers, "--prefix", prefix, *extra],
+                          tmp_path / f"{name}{count}.log", env={"PYTHONPATH": str(ROOT)},
+                          module="tests.lifecycle_driver").start()
+
+
+def lines(process: ServiceProcess, word: str) -> list[list[str]]:
+    return [line.split()[1:] for line in process.log_file.read_text().splitlines() if line.startswith(word + " ")]
+
+
+def test_kill_the_driver_the_trainer_or_both_and_every_prompt_is_trained_once(
+        bootstrap_servers, prefix, start_worker, tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"text": f"question {i}"}) + "\n" for i in range(PROMPTS)))
+    start_worker(n_rollouts=2, extra=["--channel-setting", "train.group_filter=tests.group_filters:drop_every_13th"])
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    driver_flags = ("--data", str(data), "--in-flight", "8", "--seconds", "0.15")
+    trainer_flags = ("--checkpoint-dir", str(checkpoints), "--every", "8", "--prompts", str(PROMPTS))
+    driver = role("driver", bootstrap_servers, prefix, tmp_path, *driver_flags)
+    trainer = role("trainer", bootstrap_servers, prefix, tmp_path, *trainer_flags)
+    try:
+        # 1. the driver, mid-dispatch: a dozen groups handed out, most still rolling out
+        wait_for(lambda: len(lines(driver, "dispatched")) >= 12 or None, 120, "12 dispatches")
+        driver.kill()
+        driver = role("driver", bootstrap_servers, prefix, tmp_path, *driver_flags)
+
+        # 2. both, mid-group: a group with one rollout done and its slower second one not yet
+        def half_done() -> bool:
+            done = [uid for uid, _ in lines(driver, "rollout")]
+            return len(done) >= 6 and any(done.count(uid) == 1 for uid in done)
+
+        wait_for(half_done, 120, "a group half rolled out")
+        driver.kill()
+        trainer.kill()
+        driver = role("driver", bootstrap_servers, prefix, tmp_path, *driver_flags)
+        trainer = role("trainer", bootstrap_servers, prefix, tmp_path, *trainer_flags)
+
+        # 3. the trainer, just after a checkpoint (and the driver with it)
+        wait_for(lambda: lines(trainer, "checkpoint") or None, 120, "a checkpoint after the restart")
+        trainer.kill()
+        driver.kill()
+        driver = role("driver", bootstrap_servers, prefix, tmp_path, *driver_flags)
+        trainer = role("trainer", bootstrap_servers, prefix, tmp_path, *trainer_flags)
+
+        wait_for(lambda: (checkpoints / "done.json").exists() or not trainer.alive(), 240, "the epoch trained")
+        assert (checkpoints / "done.json").exists(), trainer.log_tail()
+    finally:
+        driver.kill()
+        trainer.kill()
+
+    done = json.loads((checkpoints / "done.json").read_text())
+    trained = [prompt_of(uid) for uid in done["trained"]]
+    filtered = {prompt_of(uid) for uid, reason in done["drops"].items() if reason == "filtered: every_13th"}
+    abandoned = {uid for uid, reason in done["drops"].items() if reason == "abandoned"}
+    assert sorted(trained) == sorted(set(trained)), "no prompt is trained twice"
+    assert filtered == {0, 13, 26, 39, 52}, "dropped by the filter, counted with their reason"
+    assert sorted(set(trained) | filtered) == list(range(PROMPTS)), "no prompt is skipped"
+    assert not set(trained) & filtered
+    assert not abandoned & set(done["trained"]), "abandoned trajectories never reach the trainer"
+    assert abandoned, "the kills left groups open, which the resumes abandoned and issued again"
+    assert done["depth"] == 0, "nothing dispatched is left untrained"
+    with PromptLedger(bootstrap_servers, "train", prefix) as ledger:
+        ledger.refresh()
+        reissued = [d for d in ledger.view.dispatched.values() if d.source == "reissue"]
+        assert {d.origin for d in reissued} == abandoned, "each abandoned prompt was dispatched again once"
+        assert len(reissued) == len({d.origin for d in reissued})
