@@ -97,6 +97,7 @@ def registered_metric_names() -> set[str]:
     from prometheus_client import REGISTRY
 
     import trajbus.consumers.metrics  # noqa: F401  (registers the trainer-side metrics)
+    import trajbus.pipelines.ledger  # noqa: F401  (registers the prompt ledger's metrics)
     from trajbus.gateway.metrics import GatewayMetrics
     from trajbus.streams.stats import WorkerMetrics
 
@@ -118,4 +119,4 @@ def test_grafana_dashboard_queries_only_metrics_that_exist():
                if q not in known and not any(q.endswith(s) and q[:-len(s)] in known for s in suffixes)}
     assert not missing, f"the dashboard queries metrics nobody exports: {sorted(missing)}"
     prefixes = {name.split("_")[1] for name in queried}
-    assert prefixes == {"gateway", "worker", "groups", "consumer"}, "one scheme: trajbus_<component>_*"
+    assert prefixes == {"gateway", "worker", "groups", "consumer", "ledger"}, "one scheme: trajbus_<component>_*"
