@@ -35,55 +35,19 @@ from __future__ import annotations
 
 import copy
 import json
-import random
 import uuid
-from dataclasses import asdict, dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from trajbus.pipelines.ledger import PromptLedger
-from trajbus.streams.ledger import BufferEntry, Dispatch, fingerprint
+from trajbus.pipelines.prompt_dataset import PromptDataset, read_records
+from trajbus.pipelines.samples import Sample, Status
+from trajbus.streams.ledger import BufferEntry, Dispatch
 from trajbus.streams.settings import import_dotted
 
-
-class Status(str, Enum):
-    PENDING = "pending"
-    COMPLETED = "completed"
-    TRUNCATED = "truncated"
-    ABORTED = "aborted"
-
-
-@dataclass
-class Sample:
-    """One rollout of one prompt, as slime's ``Sample``."""
-
-    index: int | None = None
-    prompt: str | list[dict[str, Any]] = ""
-    tokens: list[int] = field(default_factory=list)
-    response: str = ""
-    response_length: int = 0
-    label: Any = None
-    reward: float | dict[str, Any] | None = None
-    loss_mask: list[int] | None = None
-    status: Status = Status.PENDING
-    metadata: dict[str, Any] = field(default_factory=dict)
-    tools: list[dict[str, Any]] | None = None
-    prompt_uid: str | None = None
-    """The group's id on the prompt ledger (and the gateway's ``prompt_uid``), when a ledger is used."""
-
-    Status = Status
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["status"] = self.status.value
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Sample":
-        data = dict(data)
-        data["status"] = Status(data.get("status", Status.PENDING.value))
-        return cls(**data)
+__all__ = ["DataSourceArgs", "PromptDataset", "RolloutDataSource", "RolloutDataSourceWithBuffer", "Sample", "Status",
+           "pop_first", "read_records"]
 
 
 @dataclass
@@ -105,87 +69,6 @@ class DataSourceArgs:
     save: str | None = None
     load: str | None = None
     buffer_filter_path: str | None = None
-
-
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL or Parquet file; a missing file or a bad line is a ValueError naming it."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"prompt_data: no such file {str(path)!r}")
-    if path.suffix == ".parquet":
-        import pandas
-
-        return pandas.read_parquet(path).to_dict(orient="records")
-    rows = []
-    with path.open() as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise ValueError(f"prompt_data: {path}:{number} is not JSON ({exc})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"prompt_data: {path}:{number} is not a JSON object")
-            rows.append(row)
-    return rows
-
-
-class PromptDataset:
-    """The prompts of one file, in original order, with slime's seeded per-epoch shuffle."""
-
-    def __init__(self, args: Any) -> None:
-        tokenizer = None
-        if args.apply_chat_template or args.rollout_max_prompt_len is not None:
-            if not getattr(args, "tokenizer_path", None):
-                raise ValueError("tokenizer_path: needed for apply_chat_template / rollout_max_prompt_len")
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path)
-        self.origin_samples: list[Sample] = []
-        self.dropped_too_long = 0
-        for number, row in enumerate(read_records(args.prompt_data), 1):
-            if args.input_key not in row:
-                raise ValueError(f"input_key: record {number} of {args.prompt_data} has no {args.input_key!r}")
-            if args.label_key is not None and args.label_key not in row:
-                raise ValueError(f"label_key: record {number} of {args.prompt_data} has no {args.label_key!r}")
-            prompt = row[args.input_key]
-            tools = row.get(args.tool_key) if args.tool_key else None
-            if args.apply_chat_template:
-                messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-                prompt = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                       add_generation_prompt=True)
-            if args.rollout_max_prompt_len is not None:
-                text = prompt if isinstance(prompt, str) else json.dumps(prompt)
-                if len(tokenizer.encode(text, add_special_tokens=False)) > args.rollout_max_prompt_len:
-                    self.dropped_too_long += 1
-                    continue
-            metadata = row.get(args.metadata_key) or {}
-            self.origin_samples.append(Sample(prompt=prompt, label=row.get(args.label_key) if args.label_key else None,
-                                              metadata=dict(metadata), tools=tools))
-        if not self.origin_samples:
-            raise ValueError(f"prompt_data: {args.prompt_data} has no usable prompts")
-        self.seed = args.rollout_seed
-        self.samples = list(self.origin_samples)
-        self.epoch_id = -1
-
-    def order(self, epoch_id: int) -> list[Sample]:
-        """The order of ``epoch_id``: a permutation of the original order, seeded by seed + epoch."""
-        permutation = list(range(len(self.origin_samples)))
-        random.Random(self.seed + epoch_id).shuffle(permutation)
-        return [self.origin_samples[i] for i in permutation]
-
-    def shuffle(self, epoch_id: int) -> None:
-        if epoch_id != self.epoch_id:
-            self.samples, self.epoch_id = self.order(epoch_id), epoch_id
-
-    @property
-    def identity(self) -> str:
-        """``<fingerprint>/<size>`` of the prompts in original order (the ledger names it)."""
-        return f"{fingerprint((s.prompt, s.label) for s in self.origin_samples)}/{len(self.origin_samples)}"
-
-    def __len__(self) -> int:
-        return len(self.samples)
 
 
 def _next_attempt(prompt_uid: str) -> str:
