@@ -123,16 +123,21 @@ class RolloutDataSource:
         return group
 
     def get_samples(self, num_samples: int) -> list[list[Sample]]:
-        """``num_samples`` groups of ``n_samples_per_prompt`` independent copies (abandoned ones first)."""
-        cursor = (self.epoch_id, self.sample_offset, self.sample_index)
+        """``num_samples`` groups of ``n_samples_per_prompt`` independent copies (abandoned ones first).
+        On a ledger, all of them are recorded in one acknowledged write; if it fails, nothing moved."""
+        cursor, due = (self.epoch_id, self.sample_offset, self.sample_index), list(self.due)
+        picked = self._again(num_samples)
+        picked += self._new_groups(num_samples - len(picked))
         try:
-            groups = self._again(num_samples)
-            picked = self._new_groups(num_samples - len(groups))
             self._record([dispatch for _, dispatch in picked])
-        except BaseException:  # nothing handed out, nothing moved
-            self.epoch_id, self.sample_offset, self.sample_index = cursor
+        except BaseException:
+            (self.epoch_id, self.sample_offset, self.sample_index), self.due = cursor, due
+            self._put_back([(group, d) for group, d in picked if d is not None and d.source == "buffer"])
             raise
-        return groups + [group for group, _ in picked]
+        return [group for group, _ in picked]
+
+    def _put_back(self, taken: list[tuple[list[Sample], Dispatch]]) -> None:
+        """Buffered groups taken by a call that failed (none without a buffer)."""
 
     def _new_groups(self, num_samples: int) -> list[tuple[list[Sample], Dispatch | None]]:
         """Groups from the dataset, each with its dispatch record (None without a ledger)."""
@@ -164,8 +169,8 @@ class RolloutDataSource:
         return group, Dispatch(prompt_uid, self.ledger.channel, len(group), self.dataset_id, epoch, offset,
                                [s.index for s in group], self.ledger.policy_version(), source, origin)
 
-    def _again(self, num_samples: int) -> list[list[Sample]]:
-        """Up to ``num_samples`` of the groups abandoned at the resume, recorded as re-issued."""
+    def _again(self, num_samples: int) -> list[tuple[list[Sample], Dispatch | None]]:
+        """Up to ``num_samples`` of the groups abandoned at the resume, as re-issues."""
         taken, self.due = self.due[:num_samples], self.due[num_samples:]
         picked = []
         for dispatch in taken:
@@ -178,12 +183,7 @@ class RolloutDataSource:
                 for sample, index in zip(group, root.sample_indices):
                     sample.index = index
             picked.append(self._dispatchable(group, "reissue", root.offset, dispatch.prompt_uid, root.epoch))
-        try:
-            self._record([d for _, d in picked])
-        except BaseException:
-            self.due = taken + self.due
-            raise
-        return [group for group, _ in picked]
+        return picked
 
     def _prompt_at(self, epoch: int, offset: int) -> Sample | None:
         if self.dataset is None or offset < 0:
@@ -261,6 +261,10 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
         if not callable(self.buffer_filter):
             raise ValueError(f"buffer_filter_path: {path!r} is not callable")
         super().__init__(args, ledger)
+
+    def _put_back(self, taken: list[tuple[list[Sample], Dispatch]]) -> None:
+        self.buffer[:0] = [group for group, _ in taken]
+        self._entries.update({id(group): dispatch.origin for group, dispatch in taken if dispatch.origin})
 
     def _roll_forward(self) -> None:
         super()._roll_forward()

@@ -6,9 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+from confluent_kafka import Producer
+
+from trajbus.pipelines.data_source import DataSourceArgs, RolloutDataSource
 from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.processes import ServiceProcess
-from tests.helpers import wait_for
+from trajbus.streams.ledger import LedgerError
+from trajbus.streams.topics import dlq_topic, prompts_topic
+from tests.helpers import read_to_end, wait_for
 from tests.lifecycle_driver import prompt_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,3 +89,25 @@ def test_kill_the_driver_the_trainer_or_both_and_every_prompt_is_trained_once(
         reissued = [d for d in ledger.view.dispatched.values() if d.source == "reissue"]
         assert {d.origin for d in reissued} == abandoned, "each abandoned prompt was dispatched again once"
         assert len(reissued) == len({d.origin for d in reissued})
+
+
+def test_a_bad_ledger_record_goes_to_the_dlq_and_another_dataset_is_refused(bootstrap_servers, prefix, tmp_path):
+    files = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    for path, count in zip(files, (4, 5)):
+        path.write_text("".join(json.dumps({"text": f"q{i}"}) + "\n" for i in range(count)))
+    with PromptLedger(bootstrap_servers, "train", prefix) as ledger:
+        ledger.provision()
+        raw = Producer({"bootstrap.servers": bootstrap_servers})
+        raw.produce(prompts_topic("train", prefix), key=b"dispatch/x", value=b"{not json")
+        assert raw.flush(10) == 0
+        del raw  # its threads end with it
+        source = RolloutDataSource(DataSourceArgs(prompt_data=str(files[0]), n_samples_per_prompt=2), ledger=ledger)
+        assert [g[0].prompt for g in source.get_samples(2)] == ["q0", "q1"], "the data source keeps going"
+    dead = read_to_end(bootstrap_servers, dlq_topic(prefix))
+    assert len(dead) == 1 and dead[0].value() == b"{not json"
+    assert dict(dead[0].headers())["trajbus-dlq-reason"].decode().startswith(
+        "undecodable: ledger record b'dispatch/x' is undecodable: JSONDecodeError")
+    with PromptLedger(bootstrap_servers, "train", prefix) as ledger, \
+            pytest.raises(LedgerError, match=r"^dataset: the prompt ledger was written for dataset \w+/4 "
+                                             r"\(fingerprint/size\), this data source reads \w+/5$"):
+        RolloutDataSource(DataSourceArgs(prompt_data=str(files[1]), n_samples_per_prompt=2), ledger=ledger)

@@ -147,3 +147,17 @@ def test_the_buffer_lives_on_the_ledger(prompts):
     again = RolloutDataSourceWithBuffer(args(prompts), ledger=ledger)
     assert again.buffer == [] and [d.prompt_uid for d in again.due] == [g[0].prompt_uid for g in taken], \
         "the aborted group's first dispatch is not issued again: the buffer took its place"
+
+
+def test_a_dispatch_the_broker_does_not_acknowledge_hands_nothing_out_and_moves_nothing(prompts):
+    ledger = FakeLedger()
+    source = RolloutDataSourceWithBuffer(args(prompts), ledger=ledger)
+    source.add_samples([[Sample(index=90, prompt="b"), Sample(index=91, prompt="b")]])
+    ledger.write = lambda records: (_ for _ in ()).throw(RuntimeError("not acknowledged"))
+    with pytest.raises(RuntimeError, match="not acknowledged"):
+        source.get_samples(3)
+    assert (source.epoch_id, source.sample_offset, source.sample_index, len(source.buffer)) == (0, 0, 0, 1)
+    del ledger.write
+    groups = source.get_samples(3)
+    assert [g[0].prompt for g in groups] == ["b", "q0", "q1"] and groups[0][0].prompt_uid.startswith("b")
+    assert [r.origin for r in ledger.records if isinstance(r, Dispatch)][0] == ledger.records[0].entry_id
