@@ -4,8 +4,11 @@
 lays it out: ``prompts`` left-padded to ``prompt_length``, ``responses``
 right-padded to ``response_length``, ``input_ids`` their concatenation,
 ``attention_mask``, ``response_mask``, ``position_ids`` from the mask,
-``rm_scores`` with each row's reward on its last real response token, and
-``rollout_log_probs`` when every step has them.
+``rm_scores`` with each row's reward on its last real response token,
+``rollout_log_probs`` when every step has them, and ``token_policy_version``: the
+policy version that sampled each response token (a generation a weight update cut
+and continued holds two; padding takes the row's oldest), with ``token_staleness``
+(0 outside ``response_mask``) when the current version is given.
 
 Two row modes:
 - ``step``: one row per step (per LLM call);
@@ -119,6 +122,8 @@ class VerlBackend(TrainingBackend):
         scores = np.zeros((n, r_len), dtype=np.float32)
         with_log_probs = all(row.log_probs is not None for row in rows)
         log_probs = np.zeros((n, r_len), dtype=np.float32)
+        oldest = np.array([min(s.policy_version for s in row.steps) for row in rows], dtype=np.int64)
+        token_versions = np.repeat(oldest[:, None], r_len, axis=1)
         for i, row in enumerate(rows):  # slice assignments; the arrays are allocated once
             p, r = len(row.prompt), len(row.response)
             prompts[i, p_len - p:] = row.prompt
@@ -131,6 +136,8 @@ class VerlBackend(TrainingBackend):
                 scores[i, real[-1] if len(real) else r - 1] = row.reward
             if with_log_probs:
                 log_probs[i, :r] = row.log_probs
+            if row.versions is not None:
+                token_versions[i, :r] = row.versions
         attention = np.concatenate([prompt_mask, response_attention], axis=1)
         position_ids = np.clip(np.cumsum(attention, axis=1) - 1, 0, None)
         tensors = {
@@ -144,11 +151,14 @@ class VerlBackend(TrainingBackend):
         }
         if with_log_probs:
             tensors["rollout_log_probs"] = torch.from_numpy(log_probs)
+        tensors["token_policy_version"] = torch.from_numpy(token_versions)
+        if current_version is not None:
+            tensors["token_staleness"] = torch.from_numpy(staleness(token_versions, current_version) * response_mask)
         non_tensors = {
             "uid": np.array([row.steps[0].prompt_uid for row in rows], dtype=object),  # what GRPO groups by
             "trajectory_uid": np.array([row.steps[0].trajectory_uid for row in rows], dtype=object),
             "step_index": np.array([row.steps[-1].step_index for row in rows], dtype=np.int64),
-            "policy_version": np.array([min(s.policy_version for s in row.steps) for row in rows], dtype=np.int64),
+            "policy_version": oldest,
         }
         if current_version is not None:
             non_tensors["staleness"] = staleness(non_tensors["policy_version"], current_version)

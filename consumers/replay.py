@@ -194,7 +194,9 @@ class Replay:
         return self._prefixes.resolve(record)
 
     def _wanted(self, steps: list[Step]) -> bool:
-        return self.policy_versions is None or all(s.policy_version in self.policy_versions for s in steps)
+        return self.policy_versions is None or all(
+            s.policy_version in self.policy_versions and all(v in self.policy_versions for _, v in s.version_segments or ())
+            for s in steps)
 
     # -- to a trainer -----------------------------------------------------------
     def groups(self) -> Iterator[ReadyGroup]:

@@ -18,6 +18,7 @@ import numpy as np
 from trajbus.streams.prefix import PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL, StepDelta, \
     StructuredGroup, as_tokens
 from trajbus.streams.records import CONTINUES, SEGMENT_START, Step
+from trajbus.streams.versions import token_versions
 
 
 @dataclass
@@ -32,6 +33,15 @@ class Row:
     reward: float
     steps: list[Step]
     """The row's steps; from a ``StructuredGroup`` their ``prompt_ids`` are only the stored tokens."""
+    versions: np.ndarray | None = None
+    """One policy version per response token (int64): the version that sampled it (a weight update may cut a
+    generation, ``streams.versions``); tokens between two model outputs take the next step's version."""
+
+
+def step_versions(step: Step, between: int = 0) -> np.ndarray:
+    """The versions of ``between`` tokens before a step's response (its ``policy_version``), then of its response."""
+    response = token_versions(step.version_segments, len(step.response_ids), step.policy_version)
+    return np.concatenate([np.full(between, step.policy_version, np.int64), response]) if between else response
 
 
 def name(step: Step) -> str:
@@ -79,8 +89,8 @@ def by_trajectory(steps: list[Step]) -> list[list[Step]]:
 
 
 def step_rows(steps: list[Step]) -> list[Row]:
-    return [Row(s.prompt_ids, s.response_ids, [1] * len(s.response_ids), s.rollout_log_probs, s.reward, [s])
-            for s in steps]
+    return [Row(s.prompt_ids, s.response_ids, [1] * len(s.response_ids), s.rollout_log_probs, s.reward, [s],
+                step_versions(s)) for s in steps]
 
 
 def trajectory_rows(steps: list[Step]) -> list[Row]:
@@ -94,6 +104,7 @@ def _segment_row(segment: list[Step], reward: float) -> Row:
     context = list(first.prompt_ids)
     response: list[int] = []
     mask: list[int] = []
+    versions: list[np.ndarray] = []
     log_probs: list[float] | None = [] if all(s.rollout_log_probs is not None for s in segment) else None
     for step in segment:
         if step.prompt_ids[:len(context)] != context:
@@ -101,23 +112,25 @@ def _segment_row(segment: list[Step], reward: float) -> Row:
         between = step.prompt_ids[len(context):]
         response += between + step.response_ids
         mask += [0] * len(between) + [1] * len(step.response_ids)
+        versions.append(step_versions(step, len(between)))
         if log_probs is not None:
             log_probs += [0.0] * len(between) + list(step.rollout_log_probs)
         context = list(step.prompt_ids) + list(step.response_ids)
-    return Row(list(first.prompt_ids), response, mask, log_probs, reward, segment)
+    return Row(list(first.prompt_ids), response, mask, log_probs, reward, segment, np.concatenate(versions))
 
 
 def _joined(prompt: np.ndarray, pieces: list[tuple], reward: float, segment: list[Step]) -> Row:
     """A row of ``prompt``, then per step the tokens between (mask 0) and its response (mask 1)."""
     with_log_probs = all(log_probs is not None for _, _, log_probs in pieces)
     response, mask, log_probs = [], [], []
+    versions = [step_versions(step, len(between)) for step, (between, _, _) in zip(segment, pieces)]
     for between, answer, answer_log_probs in pieces:
         response += [as_tokens(between), as_tokens(answer)]
         mask += [np.zeros(len(between), np.int8), np.ones(len(answer), np.int8)]
         if with_log_probs:
             log_probs += [np.zeros(len(between), np.float32), np.asarray(answer_log_probs, np.float32)]
     return Row(as_tokens(prompt), np.concatenate(response), np.concatenate(mask),
-               np.concatenate(log_probs) if with_log_probs else None, reward, segment)
+               np.concatenate(log_probs) if with_log_probs else None, reward, segment, np.concatenate(versions))
 
 
 class _Prompts:
@@ -182,7 +195,8 @@ def structured_rows(groups: list[StructuredGroup], row_mode: str) -> list[Row]:
             prompts = _Prompts(shared, entries)
             if row_mode == "step":
                 rows += [Row(prompts.prompt(e), e.step.response_ids, np.ones(len(e.step.response_ids), np.int8),
-                             e.step.rollout_log_probs, e.step.reward, [e.step]) for e in entries]
+                             e.step.rollout_log_probs, e.step.reward, [e.step], step_versions(e.step))
+                         for e in entries]
                 continue
             by_index = {entry.step.step_index: entry for entry in entries}
             for segment in segments([entry.step for entry in entries]):

@@ -66,7 +66,8 @@ def readable(entry: dict[str, Any]) -> str:
         prompt = f"{new}" if extends is None else f"{extends['prefix_len'] + new} (#{extends['step_index']}+{new})"
         return (f"{head} step {record['trajectory_uid']}#{record['step_index']} v{record['policy_version']} "
                 f"prompt={prompt} response={len(record['response_ids'])} "
-                f"reward={record['reward']:g}" + (" last" if record["is_last"] else ""))
+                f"reward={record['reward']:g}" + (" last" if record["is_last"] else "")
+                + (f" versions={record['version_segments']}" if record.get("version_segments") else ""))
     if kind == "end":
         return f"{head} end {record['trajectory_uid']} reward={record['reward']}"
     if kind == "group":

@@ -188,6 +188,10 @@ class StepBody(BaseModel):
                               description="Unix time in seconds: the record's timestamp")
     channel: Channel | None = Field(None, description="when given, the channel of the request")
     n_rollouts: NRollouts | None = None
+    version_segments: list[tuple[StepIndex, PolicyVersion]] | None = Field(
+        None, min_length=1, description="[[start, version], ...]: where each run of response tokens one policy "
+                                        "version sampled begins (a generation a weight update cut); null: all "
+                                        "policy_version's")
 
 
 class SubmitStepsRequest(BaseModel):

@@ -20,6 +20,7 @@ import numpy as np
 from trajbus.streams.prefix import (PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL,
                                     StepDelta, StructuredGroup, structure)
 from trajbus.streams.records import ChunkedGroup, ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.versions import check_version_segments
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -41,6 +42,8 @@ HEADER_CONTENT_TYPE = "content-type"
 
 FLAG_IS_LAST = 0x01
 FLAG_HAS_LOG_PROBS = 0x02
+FLAG_HAS_VERSIONS = 0x04
+STEP_FLAGS = FLAG_IS_LAST | FLAG_HAS_LOG_PROBS | FLAG_HAS_VERSIONS
 FLAG_HAS_REWARD = 0x01
 
 Record = Union[Step, StepDelta, TrajectoryEnd, ReadyGroup, ChunkedGroup]
@@ -52,6 +55,7 @@ _PREAMBLE = struct.Struct("<2sBB")  # magic, schema version, kind
 _STEP_REF = struct.Struct("<I")  # base_index
 _CRC = struct.Struct("<I")  # crc32 of a chunked group's bytes
 _F64 = struct.Struct("<d")  # keyframe_at
+_I64 = struct.Struct("<q")  # the version of a version segment
 _WIDTH_DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
@@ -92,6 +96,11 @@ def _prompt(delta: StepDelta) -> bytes:
     return bytes((PROMPT_FULL,)) + rest
 
 
+def _version_segments(segments: list[list[int]]) -> bytes:
+    return _uvarint(len(segments)) + b"".join(_uvarint(int(start)) + _I64.pack(int(version))
+                                              for start, version in segments)
+
+
 def _metadata(metadata: dict) -> bytes:
     return _str(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False) if metadata else "")
 
@@ -99,7 +108,8 @@ def _metadata(metadata: dict) -> bytes:
 def _step_body(record: Step | StepDelta) -> bytes:
     delta = record if isinstance(record, StepDelta) else StepDelta(record, PROMPT_FULL, 0)
     step = delta.step
-    flags = (FLAG_IS_LAST if step.is_last else 0) | (FLAG_HAS_LOG_PROBS if step.rollout_log_probs is not None else 0)
+    flags = ((FLAG_IS_LAST if step.is_last else 0) | (FLAG_HAS_LOG_PROBS if step.rollout_log_probs is not None else 0)
+             | (FLAG_HAS_VERSIONS if step.version_segments else 0))
     parts = [
         _str(step.trajectory_uid), _str(step.prompt_uid), _str(step.channel or ""),
         _STEP_FIXED.pack(step.step_index, step.policy_version, float(step.reward), flags,
@@ -108,6 +118,8 @@ def _step_body(record: Step | StepDelta) -> bytes:
     ]
     if step.rollout_log_probs is not None:
         parts.append(np.asarray(step.rollout_log_probs, dtype="<f4").tobytes())
+    if step.version_segments:
+        parts.append(_version_segments(step.version_segments))
     parts.append(_metadata(step.metadata))
     return b"".join(parts)
 
@@ -232,6 +244,13 @@ class _Reader:
         array = np.frombuffer(self.take(4 * count), dtype="<f4")
         return array if self.arrays else array.tolist()
 
+    def version_segments(self, n_tokens: int) -> list[list[int]]:
+        segments = [[self.uvarint(), self.fixed(_I64)[0]] for _ in range(self.uvarint())]
+        try:
+            return check_version_segments(segments, n_tokens)
+        except ValueError as exc:
+            raise DecodeError(str(exc)) from None
+
     def metadata(self) -> dict:
         text = self.str()
         if not text:
@@ -268,6 +287,8 @@ def _read_step(reader: _Reader, version: int = SCHEMA_VERSION, in_group: bool = 
     """A Step, or a StepDelta where the prompt extends a prefix stored elsewhere (always one in a group)."""
     trajectory_uid, prompt_uid, channel = reader.str(), reader.str(), reader.str()
     step_index, policy_version, reward, flags, n_rollouts, created_at = reader.fixed(_STEP_FIXED)
+    if flags & ~STEP_FLAGS:
+        raise DecodeError(f"unknown step flags 0x{flags & ~STEP_FLAGS:02x}")
     kind, prefix_len, base_index, keyframe_at = _read_prompt(reader, version)
     if kind == PROMPT_EXTENDS_SHARED and not in_group:
         raise DecodeError("a step outside a group cannot extend a group's shared prompt")
@@ -276,11 +297,12 @@ def _read_step(reader: _Reader, version: int = SCHEMA_VERSION, in_group: bool = 
     log_probs = None
     if flags & FLAG_HAS_LOG_PROBS:
         log_probs = reader.floats(len(response_ids))
+    segments = reader.version_segments(len(response_ids)) if flags & FLAG_HAS_VERSIONS else None
     step = Step(
         prompt_ids=prompt_ids, response_ids=response_ids, trajectory_uid=trajectory_uid, prompt_uid=prompt_uid,
         step_index=step_index, reward=reward, policy_version=policy_version, is_last=bool(flags & FLAG_IS_LAST),
         metadata=reader.metadata(), rollout_log_probs=log_probs, created_at=created_at,
-        channel=channel or None, n_rollouts=n_rollouts or None,
+        channel=channel or None, n_rollouts=n_rollouts or None, version_segments=segments,
     )
     if kind == PROMPT_FULL and not in_group:
         return step

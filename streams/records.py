@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from trajbus.streams.topics import validate_channel
+from trajbus.streams.versions import check_version_segments
 
 _U32 = 2**32
 _I64 = 2**63
@@ -146,6 +147,9 @@ class Step:
     """Set by the producer from the topic's channel; a mismatch is refused."""
     n_rollouts: int | None = None
     """The expected group size, when the submitter registers it; else the channel default."""
+    version_segments: list[list[int]] | None = None
+    """``[[start, version], ...]``: the response token where each run sampled by one policy version begins,
+    when a weight update cut the generation (``streams.versions``); None: every token is ``policy_version``'s."""
 
     REQUIRED = ("prompt_ids", "response_ids", "trajectory_uid", "prompt_uid")
 
@@ -168,6 +172,8 @@ class Step:
         if self.channel is not None:
             validate_channel(self.channel)
         _check_n_rollouts(self.n_rollouts)
+        if self.version_segments is not None:
+            self.version_segments = check_version_segments(self.version_segments, len(self.response_ids))
         return self
 
     @classmethod
