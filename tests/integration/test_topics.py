@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trajbus.infra.topics import describe_topics, ensure_topics
-from trajbus.streams.topics import TopicSettings, chunks_topic, groups_topic, policy_topic, steps_topic
+from trajbus.streams.topics import TopicSettings, chunks_topic, groups_topic, policy_topic, prompts_topic, steps_topic
 from tests.helpers import trajbus
 
 
@@ -16,7 +16,8 @@ def test_provisioning_is_idempotent_and_applies_settings(bootstrap_servers: str,
 
     infos = {i.name: i for i in describe_topics(bootstrap_servers, prefix=f"{prefix}.")}
     assert set(infos) == {f"{prefix}.dlq", f"{prefix}.policy", f"{prefix}.stats",
-                          *(f"{prefix}.{k}.{c}" for k in ("steps", "groups", "chunks") for c in ("train", "val"))}
+                          *(f"{prefix}.{k}.{c}" for k in ("steps", "groups", "chunks", "prompts")
+                           for c in ("train", "val"))}
     assert infos[steps_topic("train", prefix)].partitions == 4
     assert infos[groups_topic("val", prefix)].partitions == 1
     groups_config = infos[groups_topic("train", prefix)].config
@@ -27,6 +28,8 @@ def test_provisioning_is_idempotent_and_applies_settings(bootstrap_servers: str,
     assert (chunks_config["retention.ms"], chunks_config["retention.bytes"]) == ("123456", "7000000")
     assert infos[policy_topic(prefix)].config["cleanup.policy"] == "compact"
     assert infos[f"{prefix}.stats"].config["cleanup.policy"] == "compact"
+    ledger = infos[prompts_topic("train", prefix)]  # the prompt ledger: one ordered log, never aged out
+    assert (ledger.partitions, ledger.config["cleanup.policy"]) == (1, "compact")
 
 
 def test_changed_settings_are_applied_to_existing_topics(bootstrap_servers: str, prefix: str):
@@ -44,7 +47,7 @@ def test_topics_cli_lists_partitions_offsets_and_configs(bootstrap_servers: str,
     assert result.returncode == 0, result.stderr
     lines = {line.split()[0]: line for line in result.stdout.splitlines()[3:]}  # after the header and its rule
     assert set(lines) == {f"{prefix}.dlq", f"{prefix}.policy", f"{prefix}.stats", f"{prefix}.steps.train",
-                          f"{prefix}.groups.train", f"{prefix}.chunks.train"}
+                          f"{prefix}.groups.train", f"{prefix}.chunks.train", f"{prefix}.prompts.train"}
     assert lines[f"{prefix}.steps.train"].split()[1] == "8"
     assert "0,0,0,0,0,0,0,0" in lines[f"{prefix}.steps.train"]
     assert "cleanup.policy=compact" in lines[f"{prefix}.policy"]
