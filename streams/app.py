@@ -62,7 +62,6 @@ from trajbus.streams.topics import (channel_of, chunks_topic, dlq_topic, groups_
 
 log = logging.getLogger("trajbus.worker")
 
-DROP_TIMEOUT = "timeout"
 EXPIRE_EVERY = 60.0
 STATE_TABLE = "assembly"
 """The table (and ``{app_id}-assembly-changelog``); named anew when its values changed meaning: a
@@ -305,16 +304,6 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
         if now - self._last_stats >= self.settings.stats_interval:
             self._last_stats = now
             self.publish_stats()
-
-    async def time_out(self, partition: int, group: PendingGroup) -> None:
-        rules = self.settings.channel(group.channel)
-        if len(group.complete_trajectories()) >= rules.min_rollouts:
-            await self.finish(partition, group, "partial")
-            return
-        self.metrics.dropped.labels(group.channel, DROP_TIMEOUT).inc()
-        log.info("group timed out channel=%s prompt_uid=%s complete=%d", group.channel, group.prompt_uid,
-                 len(group.complete_trajectories()))
-        await self.settle(partition, group, f"dropped ({DROP_TIMEOUT})")
 
     def expire_markers(self, markers: list[StateKey], now: float) -> None:
         """Emitted markers outlive late events for ``emitted_ttl``; then they go."""

@@ -42,6 +42,7 @@ log = logging.getLogger("trajbus.worker")
 TOO_LARGE = "too_large"
 STEPS_EXPIRED = "steps_expired"
 PREFIX_MISMATCH = "prefix_mismatch"
+DROP_TIMEOUT = "timeout"
 
 
 class GroupEmission(AssemblerParts):
@@ -91,6 +92,17 @@ class GroupEmission(AssemblerParts):
         # a recovered watermark always implies the markers of the groups below it.
         await self.settle(partition, group, "emitted", (groups_partition, offset))
         self.advance_watermark(partition, channel, groups_partition, offset)
+
+    async def time_out(self, partition: int, group: PendingGroup) -> None:
+        """Past its channel's ``group_timeout``: emitted as partial with ``min_rollouts`` complete, else dropped."""
+        rules = self.settings.channel(group.channel)
+        if len(group.complete_trajectories()) >= rules.min_rollouts:
+            await self.finish(partition, group, "partial")
+            return
+        self.metrics.dropped.labels(group.channel, DROP_TIMEOUT).inc()
+        log.info("group timed out channel=%s prompt_uid=%s complete=%d", group.channel, group.prompt_uid,
+                 len(group.complete_trajectories()))
+        await self.settle(partition, group, f"dropped ({DROP_TIMEOUT})")
 
     async def structured(self, partition: int, group: PendingGroup,
                          status: str) -> tuple[ReadyGroup, np.ndarray, list[StepDelta]]:
