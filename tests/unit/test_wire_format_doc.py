@@ -42,7 +42,12 @@ def test_documented_step_decoder_reads_what_the_codec_writes():
         assert end == len(value)
         assert decoded == dict(trajectory_uid="tr-é", prompt_uid="p", step_index=4, reward=-1.25, is_last=True,
                                prompt_ids=[top, 1, 2], response_ids=[3, top], rollout_log_probs=[-0.5, -2.0],
-                               metadata={"k": "v"}, prompt_form=0, prefix_len=0, base_index=0, keyframe_at=0.0)
+                               metadata={"k": "v"}, prompt_form=0, prefix_len=0, base_index=0, keyframe_at=0.0,
+                               version_segments=None)
+    cut = Step(prompt_ids=[1], response_ids=[2, 3, 4], trajectory_uid="t", prompt_uid="p", policy_version=-2,
+               version_segments=[[0, -2], [2, 2**40]])
+    decoded, end = step_body(codec.encode(cut), 4)
+    assert end == len(codec.encode(cut)) and decoded["version_segments"] == [[0, -2], [2, 2**40]]
 
 
 def test_documented_decoder_resolves_a_multi_turn_trajectory_as_the_producer_writes_it():
