@@ -251,34 +251,50 @@ class BackendPool:
         return backend.address, sorted(choices, key=lambda c: c.index)
 
     async def stream(self, prompt_ids: list[int], sampling: dict[str, Any],
-                     preferred: str | None = None) -> tuple[str, AsyncIterator[Completion]]:
-        """A streaming call: connects (with the no-answer retry) before returning the iterator."""
+                     preferred: str | None = None) -> tuple[str, "EngineStream"]:
+        """A streaming call: connects (with the no-answer retry) before returning the stream."""
         backend, response = await self._send(request_body(prompt_ids, sampling, self.model, True), preferred)
-
-        async def deltas() -> AsyncIterator[Completion]:
-            try:
-                async for raw in response.content:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        return
-                    chunk = orjson.loads(payload)
-                    if "error" in chunk:
-                        raise BackendError(f"backend {backend.address} failed mid-stream: {chunk['error']}")
-                    for choice in chunk.get("choices", []):
-                        ids = _ids_of(choice) if (choice.get("token_ids") or choice.get("logprobs")) else []
-                        yield Completion(choice["index"], ids, _logprobs_of(choice) if ids else [],
-                                         choice.get("text") or "", choice.get("finish_reason"))
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-                backend.failures += 1
-                raise BackendError(f"backend {backend.address} broke off mid-stream: {exc}") from exc
-            finally:
-                backend.in_flight -= 1
-                response.release()
-
-        return backend.address, deltas()
+        return backend.address, EngineStream(backend, response)
 
     def describe(self) -> list[dict[str, Any]]:
         return [b.describe() for b in self.backends.values()]
+
+
+class EngineStream:
+    """A streaming answer: its pieces in order, and ``close`` to cut it (the connection is closed, so
+    the engine stops generating at its next token); a stream read to its end keeps its connection."""
+
+    def __init__(self, backend: Backend, response: aiohttp.ClientResponse) -> None:
+        self.backend, self.response = backend, response
+        self._open = True
+
+    def close(self, finished: bool = False) -> None:
+        if self._open:
+            self._open = False
+            self.backend.in_flight -= 1
+            self.response.release() if finished else self.response.close()
+
+    async def __aiter__(self) -> AsyncIterator[Completion]:
+        finished = False
+        try:
+            async for raw in self.response.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    finished = True
+                    return
+                chunk = orjson.loads(payload)
+                if "error" in chunk:
+                    raise BackendError(f"backend {self.backend.address} failed mid-stream: {chunk['error']}")
+                for choice in chunk.get("choices", []):
+                    ids = _ids_of(choice) if (choice.get("token_ids") or choice.get("logprobs")) else []
+                    yield Completion(choice["index"], ids, _logprobs_of(choice) if ids else [],
+                                     choice.get("text") or "", choice.get("finish_reason"))
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            if self._open:  # not cut by us
+                self.backend.failures += 1
+            raise BackendError(f"backend {self.backend.address} broke off mid-stream: {exc}") from exc
+        finally:
+            self.close(finished)

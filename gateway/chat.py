@@ -13,6 +13,12 @@ Step indices are taken when the engine has answered, under the trajectory's
 publish lock, and only acknowledged steps count as the trajectory's
 (``gateway.trajectories``): a call that fails, before or after the engine, never
 leaves an index for the worker to wait on or for a retry to reuse.
+
+The engine call is a ``gateway.generation``: streamed from the engine, cut by a
+weight update and continued after it, so the agent gets one reply and the step
+its tokens with the versions that sampled them (``policy_version`` is the
+version the call began with). During a pause a new call is held up to
+``?wait=SECONDS``, else answered 429 (``gateway.updates``).
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ import functools
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import orjson
@@ -32,6 +37,7 @@ from trajbus.gateway import tool_calls
 from trajbus.gateway.backends import BackendError, Completion, NoBackendAvailable
 from trajbus.gateway.conversation import Prompt
 from trajbus.gateway.errors import RETRY_SECONDS, GatewayError, bad_request, conflict, unavailable
+from trajbus.gateway.generation import Generation, Sampled
 from trajbus.gateway.schemas import ChatCompletionRequest
 from trajbus.gateway.service import GatewayService
 from trajbus.gateway.trajectories import Trajectory
@@ -70,20 +76,6 @@ def check_logprobs(completion: Completion) -> None:
                                 f"{len(completion.token_ids)} tokens", type_="backend_error", code="backend_error")
 
 
-@dataclass
-class _StreamedChoice(Completion):
-    """A choice assembled from streamed pieces; ``sent`` characters of its text went to the client."""
-
-    finish_reason: str | None = "stop"
-    sent: int = 0
-
-    def extend(self, piece: Completion) -> None:
-        self.token_ids += piece.token_ids
-        self.logprobs += piece.logprobs
-        self.text += piece.text
-        self.finish_reason = piece.finish_reason or self.finish_reason
-
-
 class ChatCompletions:
     """Serves chat completions from the parts it is given: tokenizer, engines, Kafka, trajectory rules."""
 
@@ -92,8 +84,9 @@ class ChatCompletions:
         self.settings, self.tokenizer, self.backends = service.settings, service.tokenizer, service.backends
         self.kafka, self.lifecycle, self.store, self.metrics = (service.kafka, service.lifecycle, service.store,
                                                                 service.metrics)
+        self.updates = service.updates
 
-    async def create(self, trajectory: Trajectory, request: ChatCompletionRequest):
+    async def create(self, trajectory: Trajectory, request: ChatCompletionRequest, wait: float = 0.0):
         self.require("tokenizer", "kafka", "backend")
         messages = [m.for_template() for m in request.messages]
         prompts = self.tokenizer.prompts
@@ -111,7 +104,11 @@ class ChatCompletions:
         check_prompt_length(prompt.ids, self.settings.prompt_length)
         await self.kafka.ensure_channel(trajectory.channel)  # Kafka down: 503 before the engine does any work
         sampling = request.engine_params(self.settings.response_length)
-        call = _Call(self, trajectory, request, messages, prompt, sampling)
+        await self.updates.hold(wait)
+        generation = Generation(self.backends, self.updates, self.metrics, prompt.ids, sampling,
+                                self.lifecycle.policy_version(trajectory), trajectory.backend,
+                                self.tokenizer.stop_ids)
+        call = _Call(self, trajectory, request, messages, prompt, generation)
         if request.stream:
             return await call.stream()
         return await call.complete()
@@ -121,9 +118,9 @@ class _Call:
     """One chat completion request of one trajectory."""
 
     def __init__(self, parts: ChatCompletions, trajectory: Trajectory, request: ChatCompletionRequest,
-                 messages: list[dict[str, Any]], prompt: Prompt, sampling: dict[str, Any]) -> None:
+                 messages: list[dict[str, Any]], prompt: Prompt, generation: Generation) -> None:
         self.parts, self.trajectory, self.request = parts, trajectory, request
-        self.messages, self.prompt, self.prompt_ids, self.sampling = messages, prompt, prompt.ids, sampling
+        self.messages, self.prompt, self.prompt_ids, self.generation = messages, prompt, prompt.ids, generation
         self.first_step = 0
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -151,10 +148,10 @@ class _Call:
             return {CONTINUES: previous}
         return {}
 
-    async def _publish(self, backend: str, completions: list[Completion],
+    async def _publish(self, backend: str, completions: list[Sampled],
                        parsed: list[tool_calls.ParsedOutput]) -> None:
         t, parts = self.trajectory, self.parts
-        version = parts.lifecycle.policy_version(t)
+        version = self.generation.began_with  # the version the call began with, its steps' policy_version
         parts.metrics.engine_latency.observe(time.monotonic() - self.started)
         async with parts.lifecycle.publishing(t.trajectory_uid):  # the context this prompt continued is the last
             try:  # taken for good: if the broker's answer is lost, the record may still land with it
@@ -165,7 +162,8 @@ class _Call:
             steps = [Step(prompt_ids=self.prompt_ids, response_ids=c.token_ids, trajectory_uid=t.trajectory_uid,
                           prompt_uid=t.prompt_uid, step_index=self.first_step + i, policy_version=version,
                           metadata={**t.metadata, "finish_reason": c.finish_reason, **self._lineage(i, moved)},
-                          rollout_log_probs=c.logprobs, channel=t.channel, n_rollouts=t.n_rollouts)
+                          rollout_log_probs=c.logprobs, channel=t.channel, n_rollouts=t.n_rollouts,
+                          version_segments=c.segments.wire(version))
                      for i, c in enumerate(completions)]
             await parts.kafka.publish(steps, t.channel, "chat", t.n_rollouts)
             await parts.store.write(parts.store.record_published, t.trajectory_uid, self.first_step, len(steps),
@@ -184,10 +182,12 @@ class _Call:
 
     async def complete(self) -> ORJSONResponse:
         try:
-            backend, completions = await self.parts.backends.complete(
-                self.prompt_ids, self.sampling, preferred=self.trajectory.backend)
+            await self.generation.start()
+            async for _piece in self.generation.pieces():
+                pass
         except (NoBackendAvailable, BackendError) as exc:
             raise backend_failure(exc) from None
+        backend, completions = self.generation.backend, self.generation.choices
         for completion in completions:
             check_logprobs(completion)
         parsed = [self._parse(c) for c in completions]
@@ -205,29 +205,27 @@ class _Call:
 
     async def stream(self) -> StreamingResponse:
         try:  # connect before answering: a refused connection is retried, an unavailable pool is a 503
-            backend, deltas = await self.parts.backends.stream(
-                self.prompt_ids, self.sampling, preferred=self.trajectory.backend)
+            await self.generation.start()
         except (NoBackendAvailable, BackendError) as exc:
             raise backend_failure(exc) from None
-        return StreamingResponse(self._events(backend, deltas), media_type="text/event-stream")
+        return StreamingResponse(self._events(), media_type="text/event-stream")
 
-    async def _events(self, backend: str, deltas: AsyncIterator) -> AsyncIterator[bytes]:
-        choices = {i: _StreamedChoice(i) for i in range(self.request.n)}
+    async def _events(self) -> AsyncIterator[bytes]:
+        completions = self.generation.choices
+        sent = [0] * len(completions)
         try:
-            for index in choices:
-                yield self._chunk(index, {"role": "assistant", "content": ""})
-            async for piece in deltas:
-                choice = choices[piece.index]
-                choice.extend(piece)
+            for choice in completions:
+                yield self._chunk(choice.index, {"role": "assistant", "content": ""})
+            async for piece in self.generation.pieces():
+                choice = completions[piece.index]
                 ready = tool_calls.safe_prefix(choice.text) if self.request.tools else len(choice.text)
-                if ready > choice.sent:
-                    yield self._chunk(choice.index, {"content": choice.text[choice.sent:ready]})
-                    choice.sent = ready
-            completions = list(choices.values())
+                if ready > sent[choice.index]:
+                    yield self._chunk(choice.index, {"content": choice.text[sent[choice.index]:ready]})
+                    sent[choice.index] = ready
             for completion in completions:
                 check_logprobs(completion)
             parsed = [self._parse(c) for c in completions]
-            await self._publish(backend, completions, parsed)
+            await self._publish(self.generation.backend, completions, parsed)
         except (BackendError, GatewayError) as exc:
             error = backend_failure(exc) if isinstance(exc, BackendError) else exc
             log.warning("chat stream failed trajectory=%s error=%s", self.trajectory.trajectory_uid, error.message)
@@ -237,8 +235,8 @@ class _Call:
             if output.tool_calls:
                 calls = [{"index": k, **call} for k, call in enumerate(output.tool_calls)]
                 yield self._chunk(choice.index, {"tool_calls": calls})
-            elif choice.sent < len(choice.text):
-                yield self._chunk(choice.index, {"content": choice.text[choice.sent:]})
+            elif sent[choice.index] < len(choice.text):
+                yield self._chunk(choice.index, {"content": choice.text[sent[choice.index]:]})
             yield self._chunk(choice.index, {}, "tool_calls" if output.tool_calls else choice.finish_reason)
         if (self.request.stream_options or {}).get("include_usage"):
             usage = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,

@@ -115,6 +115,10 @@ class GatewaySettings:
         120.0, parse=positive_float,
         help="seconds Kafka may be unreachable (calls are answered 503 meanwhile) before the gateway exits "
              "non-zero for a supervisor")
+    max_pause: float = setting(
+        300.0, parse=positive_float,
+        help="seconds generation may stay paused for a weight update (POST /admin/pause) before the calls it "
+             "holds or cut end with 503 and Retry-After instead of waiting for the resume")
     served_model_name: str = setting("trajbus", help="model name in responses")
     multi_turn: str = setting(
         CUMULATIVE, choices=MULTI_TURN_MODES,

@@ -23,6 +23,7 @@ from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.gateway.pacing import Pacing
 from trajbus.gateway.rewards import RewardScorer
 from trajbus.gateway.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
+from trajbus.gateway.updates import UpdateGate
 from trajbus.streams.producer import DeliveryError, TopicsUnavailable
 from trajbus.streams.records import validate_metadata
 from trajbus.streams.topics import validate_channel
@@ -57,9 +58,9 @@ class TrajectoryLifecycle:
     """The rules of a trajectory's life, over its stored state."""
 
     def __init__(self, default_channel: str, store: TrajectoryStore, kafka: KafkaLink, pacing: Pacing,
-                 rewards: RewardScorer, metrics: GatewayMetrics) -> None:
+                 rewards: RewardScorer, metrics: GatewayMetrics, updates: UpdateGate | None = None) -> None:
         self.default_channel, self.store, self.kafka, self.pacing = default_channel, store, kafka, pacing
-        self.rewards, self.metrics = rewards, metrics
+        self.rewards, self.metrics, self.updates = rewards, metrics, updates
         self._publishing: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     def channel(self, channel: str | None) -> str:
@@ -75,12 +76,16 @@ class TrajectoryLifecycle:
             lock = self._publishing[trajectory_uid] = asyncio.Lock()
         return lock
 
+    def serving(self, channel: str | None = None) -> int:
+        """The version the engines serve: the newer of Kafka's and the last resume's (a resume may come
+        before the gateway reads the version from Kafka); 0 when neither is known."""
+        known = [v for v in (self.kafka.serving(channel or self.default_channel),
+                             self.updates.version if self.updates is not None else None) if v is not None]
+        return max(known) if known else 0
+
     def policy_version(self, trajectory: Trajectory) -> int:
         """What its steps are stamped with: the version it declared, else the one the engines serve."""
-        if trajectory.policy_version is not None:
-            return trajectory.policy_version
-        version = self.kafka.serving(trajectory.channel)
-        return version if version is not None else 0
+        return trajectory.policy_version if trajectory.policy_version is not None else self.serving(trajectory.channel)
 
     async def init(self, prompt_uid: str | None, channel: str | None, n_rollouts: int | None,
                    metadata: dict[str, Any] | None, policy_version: int | None, wait: float = 0.0) -> Trajectory:

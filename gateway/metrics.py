@@ -45,5 +45,14 @@ class GatewayMetrics:
                                  registry=r)
         self.shed = Counter("trajbus_gateway_shed", "Requests answered 503 at once because the gateway was at "
                             "its --max-concurrent-calls", ["route"], registry=r)
+        self.generations = Counter("trajbus_gateway_generations", "Engine generations a weight update cut, then "
+                                   "continued under the new weights, or ended 503 past --max-pause",
+                                   ["event"], registry=r)
+        self.cut_tokens = Counter("trajbus_gateway_cut_tokens", "Tokens generations had sampled when a weight "
+                                  "update cut them: kept, and continued from", registry=r)
+        self.paused = Gauge("trajbus_gateway_paused", "1 while generation is paused for a weight update",
+                            registry=r)
+        self.pause_seconds = Histogram("trajbus_gateway_pause_seconds", "Time generation was paused, per weight "
+                                       "update (pause to resume)", buckets=LATENCY_BUCKETS, registry=r)
         self.reward = Summary("trajbus_gateway_trajectory_reward", "Rewards of finished trajectories",
                               ["policy_version"], registry=r)

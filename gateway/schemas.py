@@ -281,3 +281,17 @@ class CompleteTrajectoryRequest(BaseModel):
         if reward is not None and not math.isfinite(reward):
             raise ValueError("reward must be a finite number")
         return reward
+
+
+class PauseRequest(BaseModel):
+    """``/admin/pause``: cut the generations in flight (default), or ``drain``: let them end first."""
+
+    model_config = ConfigDict(extra="forbid")
+    drain: bool = Field(False, description="hold new calls until the generations in flight end, cutting none")
+
+
+class ResumeRequest(BaseModel):
+    """``/admin/resume``: the version the engines serve from now on (not older than the one served)."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: PolicyVersion

@@ -4,7 +4,8 @@ The HTTP server starts answering before anything is ready; the tokenizer loads
 and Kafka connects in background threads, and ``/ready`` reports what is still
 missing. Each part has one concern: ``KafkaLink`` (records and policy versions),
 ``Pacing`` (admission of new trajectories), ``TrajectoryLifecycle`` (the rules of
-a trajectory's life), ``StateSweeper`` (bounded state), ``BackendPool`` (engines).
+a trajectory's life), ``StateSweeper`` (bounded state), ``BackendPool`` (engines),
+``UpdateGate`` (weight updates: pause, cut, resume).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from trajbus.gateway.rewards import RewardScorer
 from trajbus.gateway.sweeper import StateSweeper
 from trajbus.gateway.tokenizer import ChatTokenizer
 from trajbus.gateway.trajectories import TrajectoryStore
+from trajbus.gateway.updates import UpdateGate
 
 log = logging.getLogger("trajbus.gateway")
 
@@ -44,8 +46,9 @@ class GatewayService:
                                     settings.ray_address, settings.ray_namespace)
         self.kafka = KafkaLink(settings, self.metrics, on_connected=self._kafka_connected, give_up=self._give_up)
         self.pacing = Pacing(settings, self.metrics, self.kafka.serving, self.kafka.trainer_version)
+        self.updates = UpdateGate(settings.max_pause, self.metrics)
         self.lifecycle = TrajectoryLifecycle(settings.default_channel, self.store, self.kafka, self.pacing,
-                                             self.rewards, self.metrics)
+                                             self.rewards, self.metrics, self.updates)
         self.sweeper = StateSweeper(settings, self.store, self.metrics)
         self.stop_serving: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM)
         """Ends the HTTP server gracefully (``gateway.server`` sets it to uvicorn's own exit flag)."""
@@ -115,5 +118,7 @@ class GatewayService:
                 "prompts": total(self.metrics.prompts),
                 "requests": total(self.metrics.requests),
                 "admissions": total(self.metrics.admissions),
+                "generations": total(self.metrics.generations),
+                "update": self.updates.state(),
                 "backends": self.backends.describe(),
                 "admission": self.pacing.state()}

@@ -73,3 +73,9 @@ class ChatTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """Ids that end a generation (EOS), once loaded: a cut response ending with one is finished."""
+        eos = self._tokenizer.eos_token_id if self._tokenizer is not None else None
+        return frozenset() if eos is None else frozenset({eos})

@@ -7,7 +7,10 @@ semantics: ``POST /v1/completions`` with a token-id prompt, ``n``,
 ``ignore_eos``, ``logprobs`` (the sampled token's raw log-probability, as vLLM's
 default ``raw_logprobs``), ``return_token_ids`` and
 ``return_tokens_as_token_ids``, and ``stream`` as server-sent events;
-``POST /update_weights_from_disk`` loads a trainer's new weights. The EOS
+``POST /update_weights_from_disk`` loads a trainer's new weights (``GET
+/get_model_info`` says from where and how many loads so far). A streaming client
+that disconnects aborts its generation at the next token (how a gateway cuts a
+generation for a weight update). The EOS
 id is part of the returned ``token_ids`` (as in vLLM); text omits special
 tokens and stop strings. ``POST /v1/chat/completions`` serves plain chat (the
 baseline for gateway benchmarks). Requests run one at a time on a generation
@@ -23,10 +26,11 @@ import argparse
 import asyncio
 import json
 import logging
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
@@ -34,6 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from trajbus.infra.declared import add_flags, resolve, setting
+from trajbus.infra.engine_requests import Aborted, RequestError, Sample, SamplingParams, sampling_params
 
 log = logging.getLogger("trajbus.inference_server")
 ENV_PREFIX = "TRAJBUS_INFERENCE_"
@@ -49,28 +54,6 @@ class InferenceServerSettings:
     host: str = setting("127.0.0.1", help="interface to listen on")
     port: int = setting(8000, help="port to listen on")
     device: str | None = setting(None, help="torch device (off: cuda when available, else cpu)")
-
-
-@dataclass
-class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
-
-
-@dataclass
-class Sample:
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str
-
-
-class RequestError(ValueError):
-    """A request field the server cannot honour (answered with 400)."""
 
 
 class Engine:
@@ -159,41 +142,6 @@ class Engine:
         return g
 
 
-# -- request parsing --------------------------------------------------------------
-
-def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise RequestError(f"{name}: must be a number in [{low}, {high}], got {value!r}")
-    return float(value)
-
-
-def _integer(body: dict, name: str, default: int | None, low: int) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return default
-    if type(value) is not int or value < low:
-        raise RequestError(f"{name}: must be an integer >= {low}, got {value!r}")
-    return value
-
-
-def sampling_params(body: dict) -> tuple[SamplingParams, int]:
-    stop = body.get("stop") or []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise RequestError("stop: must be a non-empty string or a list of them")
-    max_tokens = _integer(body, "max_tokens", None, 1)
-    if max_tokens is None:
-        max_tokens = _integer(body, "max_completion_tokens", 16, 1)
-    params = SamplingParams(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-                            top_p=_number(body, "top_p", 1.0, 1e-6, 1.0), seed=_integer(body, "seed", None, 0),
-                            stop=stop, ignore_eos=bool(body.get("ignore_eos", False)))
-    return params, _integer(body, "n", 1, 1)
-
-
 # -- the HTTP app -------------------------------------------------------------------
 
 def create_app(engine: Engine, model_name: str):
@@ -216,13 +164,19 @@ def create_app(engine: Engine, model_name: str):
                                             "max_model_len": engine.max_length}]}
 
     async def run_samples(prompt_ids: list[int], params: SamplingParams, n: int,
-                          on_token: Callable[[int, int, float, str], None] | None = None) -> list[Sample]:
+                          on_token: Callable[[int, int, float, str], None] | None = None,
+                          aborted: threading.Event | None = None) -> list[Sample]:
         loop = asyncio.get_running_loop()
+
+        def token(i: int, t: int, lp: float, text: str) -> None:
+            if aborted is not None and aborted.is_set():
+                raise Aborted("the client went away")
+            on_token(i, t, lp, text)
 
         def work() -> list[Sample]:
             generator = engine.generator(params.seed)
             return [engine.sample(prompt_ids, params, generator,
-                                  None if on_token is None else (lambda t, lp, text, i=i: on_token(i, t, lp, text)))
+                                  None if on_token is None else (lambda t, lp, text, i=i: token(i, t, lp, text)))
                     for i in range(n)]
 
         return await loop.run_in_executor(engine.executor, work)
@@ -272,14 +226,24 @@ def create_app(engine: Engine, model_name: str):
                                  rid: str, created: int) -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        sent = [""] * n
-        hold = max((len(s) for s in params.stop), default=1) - 1
 
         def on_token(index: int, token: int, logprob: float, text: str) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (index, token, logprob, text))
 
-        task = asyncio.ensure_future(run_samples(prompt_ids, params, n, on_token))
-        task.add_done_callback(lambda _t: loop.call_soon_threadsafe(queue.put_nowait, None))
+        aborted = threading.Event()
+        task = asyncio.ensure_future(run_samples(prompt_ids, params, n, on_token, aborted))
+        task.add_done_callback(lambda t: (t.cancelled() or t.exception(),  # retrieved, also when aborted
+                                          loop.call_soon_threadsafe(queue.put_nowait, None)))
+        try:
+            async for event in _events(body, rid, created, params, n, queue, task):
+                yield event
+        finally:  # the client went away (or the stream ended): a generation still running stops
+            aborted.set()
+
+    async def _events(body: dict, rid: str, created: int, params: SamplingParams, n: int, queue: asyncio.Queue,
+                      task: asyncio.Future) -> AsyncIterator[str]:
+        sent = [""] * n
+        hold = max((len(s) for s in params.stop), default=1) - 1
         pending: dict[int, list[tuple[int, float]]] = {i: [] for i in range(n)}
         while True:
             item = await queue.get()
@@ -314,6 +278,11 @@ def create_app(engine: Engine, model_name: str):
         loop = asyncio.get_running_loop()
         seconds = await loop.run_in_executor(engine.executor, engine.load_weights, Path(path))
         return {"success": True, "model_path": path, "seconds": round(seconds, 3), "loads": engine.loads}
+
+    @app.get("/get_model_info")
+    async def model_info() -> dict:
+        """Which weights are served: ``loads`` counts the weight loads (1: the weights it started with)."""
+        return {"model_path": str(engine.model_dir), "loads": engine.loads}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

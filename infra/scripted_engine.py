@@ -8,9 +8,19 @@ figure is the gateway's own. This engine serves the same HTTP API as
 ``infra.inference_server`` (it is that server's app around another engine): each
 request gets the next reply of the script, encoded character by character and
 ended by EOS, and every prompt it received can be appended to a JSON-lines file.
-A reply may also be ``{"text": ..., "delay": seconds}`` (a slow call) or
-``{"fail": message, "delay": seconds}`` (a call the engine fails with HTTP 500),
-so tests can script an engine's faults.
+A reply may also be ``{"text": ..., "delay": seconds}`` (a slow call),
+``{"text": ..., "token_delay": seconds}`` (a slow generation: that long before
+each token, so a weight update can cut it mid-response) or ``{"fail": message,
+"delay": seconds}`` (a call the engine fails with HTTP 500), so tests can script
+an engine's faults.
+
+Weight updates are scripted too, deterministically: ``/update_weights_from_disk``
+counts a load (``GET /get_model_info`` says how many), and every token's
+log-probability names the load that sampled it (``log_prob(position, load)``),
+so tokens sampled after a swap are identifiable. A generation whose client went
+away mid-stream (cut) is remembered: a request whose prompt is that prompt plus
+the first tokens of its reply continues the reply from there, as a model given
+the prompt and a partial response would, instead of taking the next one.
 
 Run: ``python -m trajbus.infra.scripted_engine --tokenizer-path DIR --replies replies.json --port 8000``.
 """
@@ -28,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from trajbus.infra.inference_server import RequestError, Sample, SamplingParams, create_app
+from trajbus.infra.engine_requests import Sample, SamplingParams
+from trajbus.infra.inference_server import create_app
 
 log = logging.getLogger("trajbus.scripted_engine")
 
@@ -39,11 +50,19 @@ class ScriptedReply:
     ids: list[int]
     delay: float = 0.0
     fail: str | None = None
+    token_delay: float = 0.0
+    pieces: list[str] | None = None
+    """Each token's text, when they join to the reply's (streamed text then costs O(tokens), not O(tokens^2))."""
 
 
-def log_probs(count: int) -> list[float]:
-    """Varied, deterministic log-probabilities (a real engine's are never constant)."""
-    return [-0.01 - 0.37 * ((k * 7919) % 13) / 13 for k in range(count)]
+def log_prob(position: int, load: int = 1) -> float:
+    """The log-probability of a reply's token at ``position``, sampled by weight load ``load``: varied
+    (a real engine's are never constant) and deterministic, each load's distinct."""
+    return -0.01 - 0.37 * ((position * 7919) % 13) / 13 - 0.001 * (load - 1)
+
+
+def log_probs(count: int, start: int = 0, load: int = 1) -> list[float]:
+    return [log_prob(k, load) for k in range(start, start + count)]
 
 
 def noncanonical_ids(tokenizer: Any, text: str) -> list[int]:
@@ -67,7 +86,7 @@ class ScriptedEngine:
     """The engine interface of ``infra.inference_server`` with replies from a script."""
 
     def __init__(self, tokenizer_path: Path, replies: list[str | dict[str, Any]], record: Path | None = None,
-                 max_length: int = 1 << 20) -> None:
+                 max_length: int = 1 << 20, workers: int = 1) -> None:
         from transformers import AutoTokenizer
 
         if not replies:
@@ -79,39 +98,68 @@ class ScriptedEngine:
         self._replies = itertools.cycle([self._scripted(reply) for reply in replies])
         self._record = record
         self._lock = threading.Lock()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scripted")
+        self._cut: list[tuple[list[int], ScriptedReply]] = []
+        """Generations cut mid-stream: (prompt, reply), until a request continues one."""
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scripted")
 
     def _scripted(self, reply: str | dict[str, Any]) -> ScriptedReply:
         if isinstance(reply, str):
             reply = {"text": reply}
         text = reply.get("text", "")
-        return ScriptedReply(text, noncanonical_ids(self.tokenizer, text) + [self.tokenizer.eos_token_id],
-                             float(reply.get("delay", 0.0)), reply.get("fail"))
+        ids = noncanonical_ids(self.tokenizer, text) + [self.tokenizer.eos_token_id]
+        pieces = [self.tokenizer.decode([i], skip_special_tokens=True) for i in ids]
+        return ScriptedReply(text, ids, float(reply.get("delay", 0.0)), reply.get("fail"),
+                             float(reply.get("token_delay", 0.0)), pieces if "".join(pieces) == text else None)
 
     def generator(self, seed: int | None) -> None:
         return None
 
     def load_weights(self, model_dir: Path) -> float:
-        raise RequestError("a scripted engine has no weights to load")
+        """A scripted weight load: tokens sampled from now on carry the next load's log-probs."""
+        with self._lock:
+            self.loads += 1
+        return 0.0
+
+    def _continued(self, prompt_ids: list[int]) -> tuple[ScriptedReply, int] | None:
+        """The cut generation this prompt continues (its prompt + the first tokens of its reply, at least
+        one: the same prompt alone is a new request), and where."""
+        for k, (prompt, reply) in enumerate(self._cut):
+            done = len(prompt_ids) - len(prompt)
+            if 0 < done <= len(reply.ids) and prompt_ids[:len(prompt)] == prompt \
+                    and prompt_ids[len(prompt):] == reply.ids[:done]:
+                del self._cut[k]
+                return reply, done
+        return None
 
     def sample(self, prompt_ids: list[int], params: SamplingParams, generator: None,
                on_token: Callable[[int, float, str], None] | None = None) -> Sample:
         with self._lock:
-            reply = next(self._replies)
+            reply, start = self._continued(prompt_ids) or (next(self._replies), 0)
             if self._record is not None:
                 with self._record.open("a") as out:
                     out.write(json.dumps({"prompt_ids": prompt_ids}) + "\n")
-        time.sleep(reply.delay)  # the scripted engine's latency
+        time.sleep(reply.delay if not start else 0.0)  # the scripted engine's latency
         if reply.fail is not None:
             raise RuntimeError(reply.fail)
-        text, ids, finish = reply.text, reply.ids, "stop"
-        if len(ids) > params.max_tokens:
-            ids, finish = ids[:params.max_tokens], "length"
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        values = log_probs(len(ids))
-        if on_token is not None:
-            for k, token in enumerate(ids):
-                on_token(token, values[k], self.tokenizer.decode(ids[:k + 1], skip_special_tokens=True))
+        ids, finish = reply.ids[start:start + params.max_tokens], "stop"
+        if len(ids) < len(reply.ids) - start:
+            finish = "length"
+        text = reply.text if not start and finish == "stop" else self.tokenizer.decode(ids, skip_special_tokens=True)
+        values: list[float] = []
+        streamed = ""
+        for k, token in enumerate(ids):
+            time.sleep(reply.token_delay)
+            values.append(log_prob(start + k, self.loads))  # the weights this token is sampled with
+            if on_token is None:
+                continue
+            streamed = streamed + reply.pieces[start + k] if reply.pieces is not None else \
+                self.tokenizer.decode(ids[:k + 1], skip_special_tokens=True)
+            try:
+                on_token(token, values[-1], streamed)
+            except Exception:  # the client went away: a later request may continue this generation
+                with self._lock:
+                    self._cut.append((list(prompt_ids), reply))
+                raise
         return Sample(list(ids), values, text, finish)
 
 
@@ -124,11 +172,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="JSON list of replies served in turn: texts, or objects with text|fail and delay")
     parser.add_argument("--record", type=Path, help="append every received prompt to this JSON-lines file")
     parser.add_argument("--served-model-name", default="trajbus-scripted")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="generations served at once (1: one at a time, as the tiny model's server)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    engine = ScriptedEngine(args.tokenizer_path, json.loads(args.replies.read_text()), args.record)
+    engine = ScriptedEngine(args.tokenizer_path, json.loads(args.replies.read_text()), args.record,
+                            workers=args.workers)
     log.info("scripted engine serving %s on http://%s:%d", args.tokenizer_path, args.host, args.port)
     uvicorn.run(create_app(engine, args.served_model_name), host=args.host, port=args.port, log_level="warning",
                 log_config=None, timeout_graceful_shutdown=5)

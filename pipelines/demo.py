@@ -122,10 +122,17 @@ def start_services(config: DemoConfig, bootstrap_servers: str, prefix: str, work
 
 
 def train(config: DemoConfig, bootstrap_servers: str, prefix: str, policy_dir: Path, server_url: str,
-          publisher: PolicyVersionPublisher, rollouts: Rollouts, version: list[int]
+          publisher: PolicyVersionPublisher, rollouts: Rollouts, version: list[int], gateway_url: str
           ) -> tuple[list[VersionRecord], dict[int, list[float]]]:
     """GRPO steps on fetched batches until the last policy version; per version what it used and how long
-    it waited for the batch, and the rewards by the version that generated each rollout."""
+    it waited for the batch, and the rewards by the version that generated each rollout. Each update goes
+    through the gateway (``PolicyVersionPublisher.update``): generations in flight are cut and continue
+    under the new weights, their tokens labelled with the version that sampled them."""
+
+    def load_weights() -> None:
+        httpx.post(f"{server_url}/update_weights_from_disk", json={"model_path": str(policy_dir)},
+                   timeout=120).raise_for_status()
+
     from trajbus.pipelines.trainer import GRPOTrainer
 
     trainer = GRPOTrainer(policy_dir, config.trainer.learning_rate)
@@ -148,11 +155,9 @@ def train(config: DemoConfig, bootstrap_servers: str, prefix: str, policy_dir: P
                 rewards_by_rollout_version[version[0] - int(lag)].append(reward)
             report = trainer.step(batch)
             trainer.save()
-            httpx.post(f"{server_url}/update_weights_from_disk", json={"model_path": str(policy_dir)},
-                       timeout=120).raise_for_status()
+            publisher.update(version[0] + 1, load=load_weights, gateways=[gateway_url])
             consumer.commit()
             version[0] += 1
-            publisher.publish(version[0])
             records.append(VersionRecord(version[0], config.trainer.groups_per_step, report.rows, report.tokens,
                                          report.reward, report.loss, report.nll, float(stale.mean()),
                                          time.monotonic() - step_started, waited))
@@ -207,7 +212,7 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
 
         say(5, f"training {config.policy_versions} policy versions, {config.trainer.groups_per_step} groups each")
         records, rewards_by_rollout_version = train(config, bootstrap_servers, prefix, policy_dir, server_url,
-                                                    publisher, rollouts, version)
+                                                    publisher, rollouts, version, gateway_url)
 
         say(6, "done: stopping rollouts")
         admissions = httpx.get(f"{gateway_url}/statistics", timeout=30).json()["admissions"]

@@ -114,12 +114,13 @@ def inference_server_process(port: int, log_file: Path | str, model_dir: Path | 
 
 
 def scripted_engine_process(port: int, workdir: Path, tokenizer_path: Path | str, replies: list[str | dict],
-                            record: Path | None = None) -> ServiceProcess:
+                            record: Path | None = None, workers: int = 1) -> ServiceProcess:
     """An ``infra.scripted_engine`` child (not yet started) serving ``replies`` (written to ``workdir``,
-    which also holds its log); ready when ``/health`` answers."""
+    which also holds its log), ``workers`` generations at once; ready when ``/health`` answers."""
     script = workdir / f"replies-{port}.json"
     script.write_text(json.dumps(replies))
-    args = ["--tokenizer-path", str(tokenizer_path), "--replies", str(script), "--port", str(port)]
+    args = ["--tokenizer-path", str(tokenizer_path), "--replies", str(script), "--port", str(port),
+            "--workers", str(workers)]
     if record is not None:
         args += ["--record", str(record)]
     return ServiceProcess(args, workdir / f"engine-{port}.log", module="trajbus.infra.scripted_engine")

@@ -14,11 +14,13 @@ import json
 import logging
 import threading
 import time
+from typing import Callable, Sequence
 
 from confluent_kafka import TopicPartition
 from trajbus.infra.clients import acked_producer, reader
 
 from trajbus.streams.topics import DEFAULT_PREFIX, policy_topic
+from trajbus.streams.weight_update import GatewayUpdates, UpdateReport
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,8 @@ def decode_policy_version(value: bytes) -> int:
 
 
 class PolicyVersionPublisher:
-    """The trainer's side: ``publish(version)`` after each update; returns once acknowledged."""
+    """The trainer's side: ``publish(version)`` after each update; returns once acknowledged. With
+    gateways in front of the engines, ``update(version, load, gateways)`` does the whole update."""
 
     def __init__(self, bootstrap_servers: str, prefix: str = DEFAULT_PREFIX, channel: str = GLOBAL,
                  timeout: float = 30.0, serving: bool = False) -> None:
@@ -65,6 +68,18 @@ class PolicyVersionPublisher:
             raise RuntimeError(f"policy version {version} not acknowledged within {self.timeout}s")
         if errors:  # e.g. the policy topic does not exist: provision the channel first
             raise RuntimeError(f"policy version {version} not published to {self.topic}: {errors[0].str()}")
+
+    def update(self, version: int, load: Callable[[], object] | None = None, gateways: Sequence[str] = (),
+               api_key: str | None = None, drain: bool = False) -> UpdateReport:
+        """Pause every gateway (generations in flight are cut, their tokens kept), ``load()`` the new
+        weights into the engines, publish ``version``, resume every gateway at it (cut generations
+        continue under the new weights); ``drain``: wait for generations in flight instead of cutting
+        them. See ``streams.weight_update``."""
+        updates = GatewayUpdates(gateways, api_key)
+        try:
+            return updates.run(version, load, self.publish, drain)
+        finally:
+            updates.close()
 
     def close(self) -> None:
         self._producer.close()

@@ -12,7 +12,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query
 
 from trajbus.gateway.chat import ChatCompletions
-from trajbus.gateway.routes.whitebox import WAIT
+from trajbus.gateway.routes.whitebox import PAUSED, WAIT
 from trajbus.gateway.schemas import (ChatCompletionRequest, CompleteTrajectoryRequest, InitTrajectoryRequest,
                                      RegisterTrajectoryRequest)
 from trajbus.gateway.service import GatewayService
@@ -48,10 +48,11 @@ def blackbox_router(service: GatewayService, admin: list) -> APIRouter:
                 "policy_version": trajectory.policy_version, "next_step": trajectory.next_step}
 
     @router.post(BASE + "/chat/completions")
-    async def chat_completions(trajectory_uid: str, prompt_uid: str, body: ChatCompletionRequest):
+    async def chat_completions(trajectory_uid: str, prompt_uid: str, body: ChatCompletionRequest,
+                               wait: float = Query(0.0, ge=0, le=settings.max_admission_wait, description=PAUSED)):
         trajectory = lifecycle.get(trajectory_uid, prompt_uid)
         pacing.touch(trajectory_uid)
-        return await chat.create(trajectory, body)
+        return await chat.create(trajectory, body, wait)
 
     @router.get(BASE + "/models")
     async def models(trajectory_uid: str, prompt_uid: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""White-box routes: ``/generate`` (token ids in, sampled ids and log-probs out), ``/submit_steps``
-(the agent's own steps, acknowledged), ``/compute_reward``. All take the API key when one is set."""
+"""White-box routes: ``/generate`` (token ids in, sampled ids and log-probs out, with the versions that
+sampled them when a weight update cut the generation: ``gateway.generation``), ``/submit_steps`` (the
+agent's own steps, acknowledged), ``/compute_reward``. All take the API key when one is set."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from pydantic import ValidationError
 from trajbus.gateway.backends import BackendError, NoBackendAvailable
 from trajbus.gateway.chat import backend_failure, check_prompt_length
 from trajbus.gateway.errors import bad_request, from_validation_error
+from trajbus.gateway.generation import Generation
 from trajbus.gateway.schemas import (CHANNEL_PATTERN, GenerateRequest, RewardRequest, SubmitStepsRequest,
                                      step_from_json, submit_steps_schema)
 from trajbus.gateway.service import GatewayService
 from trajbus.streams.records import Step
 
 WAIT = "seconds a new trajectory may be held until admitted (pacing), else 429 at once"
+PAUSED = "seconds a call may be held while generation is paused for a weight update, else 429 at once"
 SUBMIT_STEPS_BODY = {"requestBody": {"required": True,
                                      "content": {"application/json": {"schema": submit_steps_schema()}}}}
 """``/submit_steps`` reads its body itself, so the schema of its steps is declared here."""
@@ -63,7 +66,7 @@ def whitebox_router(service: GatewayService, admin: list) -> APIRouter:
 
     @router.post("/generate")
     async def generate(body: GenerateRequest, wait: float = Query(0.0, ge=0, le=settings.max_admission_wait,
-                                                                  description=WAIT)) -> dict[str, Any]:
+                                                                  description=f"{WAIT}; {PAUSED}")) -> dict[str, Any]:
         service.require("backend")
         check_prompt_length(body.prompt_ids, settings.prompt_length, what="prompt_ids")
         uid = body.trajectory_uid
@@ -72,18 +75,26 @@ def whitebox_router(service: GatewayService, admin: list) -> APIRouter:
                                wait)
         elif uid is not None:
             pacing.touch(uid)
+        sampling = body.engine_params(settings.response_length)
+        await service.updates.hold(wait)
+        version = body.policy_version if body.policy_version is not None else service.lifecycle.serving()
+        generation = Generation(backends, service.updates, service.metrics, body.prompt_ids, sampling, version,
+                                backends.remembered(uid), service.tokenizer.stop_ids)
         try:
-            backend, completions = await backends.complete(
-                body.prompt_ids, body.engine_params(settings.response_length), preferred=backends.remembered(uid))
+            await generation.start()
+            async for _piece in generation.pieces():
+                pass
         except (NoBackendAvailable, BackendError) as exc:
             raise backend_failure(exc) from None
-        backends.remember(uid, backend)
+        backends.remember(uid, generation.backend)
         choices = [{"index": c.index, "response_ids": c.token_ids, "log_probs": c.logprobs,
-                    "finish_reason": c.finish_reason, "text": c.text} for c in completions]
+                    "finish_reason": c.finish_reason, "text": c.text,
+                    "version_segments": c.segments.wire(version)} for c in generation.choices]
         first = choices[0]
         return {"response_ids": first["response_ids"], "log_probs": first["log_probs"],
                 "finish_reason": first["finish_reason"], "text": first["text"], "choices": choices,
-                "backend": backend}
+                "backend": generation.backend, "policy_version": version,
+                "version_segments": first["version_segments"]}
 
     @router.post("/submit_steps", openapi_extra=SUBMIT_STEPS_BODY)
     async def submit_steps(request: Request, channel: str = Query(settings.default_channel, pattern=CHANNEL_PATTERN)

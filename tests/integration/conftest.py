@@ -130,9 +130,9 @@ def scripted_engine(tiny_model_dir: Path, tmp_path: Path):
     """Starts the scripted engine on the tiny tokenizer: (HOST:PORT, file of the prompts it received)."""
     engines: list[ServiceProcess] = []
 
-    def start(replies: list[str | dict]) -> tuple[str, Path]:
+    def start(replies: list[str | dict], workers: int = 1) -> tuple[str, Path]:
         port, record = free_port(), tmp_path / f"engine{len(engines)}-prompts.jsonl"
-        engine = scripted_engine_process(port, tmp_path, tiny_model_dir, replies, record).start()
+        engine = scripted_engine_process(port, tmp_path, tiny_model_dir, replies, record, workers).start()
         engines.append(engine)
         wait_http(f"http://127.0.0.1:{port}/health", 60, engine)
         return f"127.0.0.1:{port}", record

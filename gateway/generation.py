@@ -1,0 +1,151 @@
+"""One engine call that a weight update may cut, and its continuation after the update.
+
+The gateway streams from the engine even for a client that asked for one JSON
+answer: what a generation has sampled so far (ids, log-probs, text) is then the
+gateway's, so a cut (``gateway.updates``) loses nothing. After the resume, each
+unfinished choice continues as an engine call of its own from prompt + partial
+response, with ``max_tokens`` less what it sampled, under the new version; its
+``Segments`` record which version sampled which tokens. A choice whose partial
+response ends with a stop id (EOS), or that used up ``max_tokens``, is finished
+as it stands. A stop string that spans the cut is not seen by the engine (it
+sees each side alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from trajbus.gateway.backends import BackendPool, Completion, EngineStream
+from trajbus.gateway.metrics import GatewayMetrics
+from trajbus.gateway.updates import UpdateGate
+from trajbus.streams.versions import Segments
+
+_END = object()
+"""A reader's last item on the round's queue."""
+
+
+@dataclass
+class Sampled(Completion):
+    """One choice as sampled so far, over every engine call it took."""
+
+    segments: Segments = field(default_factory=Segments)
+
+    def add(self, piece: Completion, version: int) -> None:
+        self.token_ids += piece.token_ids
+        self.logprobs += piece.logprobs
+        self.text += piece.text
+        self.finish_reason = piece.finish_reason or self.finish_reason
+        self.segments.add(len(piece.token_ids), version)
+
+
+class Generation:
+    """Streams one call's choices from the engines across cuts (see the module docstring)."""
+
+    def __init__(self, pool: BackendPool, gate: UpdateGate, metrics: GatewayMetrics, prompt_ids: list[int],
+                 sampling: dict[str, Any], version: int, preferred: str | None, stop_ids: frozenset[int]) -> None:
+        self.pool, self.gate, self.metrics = pool, gate, metrics
+        self.prompt_ids, self.sampling, self.version = prompt_ids, sampling, version
+        self.began_with = version
+        """The version the call began with (its step's ``policy_version``); ``version``: the one sampling now."""
+        self.backend, self.stop_ids = preferred, stop_ids
+        self.choices = [Sampled(i) for i in range(sampling.get("n") or 1)]
+        self.cuts = 0
+        self._cut = False
+        self._opened: list[tuple[EngineStream, list[int]]] = []
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        """Connect the first engine call, before the client is answered (no backend: the caller's 503)."""
+        self.gate.enter(self)
+        try:
+            self.backend, stream = await self.pool.stream(self.prompt_ids, self.sampling, self.backend)
+        except BaseException:
+            self.gate.leave(self)
+            raise
+        self._opened = [(stream, list(range(len(self.choices))))]
+
+    def cut(self) -> list[asyncio.Task]:
+        """``gateway.updates``: stop reading (the engine stops at its next token); the readers to await."""
+        self._cut = True
+        tasks = [task for task in self._tasks if not task.done()]
+        for task in tasks:
+            task.cancel()
+        return tasks
+
+    async def pieces(self) -> AsyncIterator[Completion]:
+        """Every piece as it arrives, its index the choice's, across cuts; ends once every choice has."""
+        try:
+            while True:
+                async for piece in self._round():
+                    yield piece
+                if not self._cut or not self._unfinished():
+                    break
+                await self._continue()
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            for stream, _ in self._opened:
+                stream.close()
+            self.gate.leave(self)
+        for choice in self.choices:
+            choice.finish_reason = choice.finish_reason or "stop"
+
+    async def _round(self) -> AsyncIterator[Completion]:
+        if self._cut:  # cut while connecting: the engine stops before it sends anything
+            for stream, _ in self._opened:
+                stream.close()
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+        self._tasks = [asyncio.create_task(self._read(stream, indices, self.version, queue))
+                       for stream, indices in self._opened]
+        left = len(self._tasks)
+        while left:
+            item = await queue.get()
+            if item is _END:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+
+    async def _read(self, stream: EngineStream, indices: list[int], version: int, queue: asyncio.Queue) -> None:
+        try:
+            async for piece in stream:
+                piece.index = indices[piece.index]
+                self.choices[piece.index].add(piece, version)
+                queue.put_nowait(piece)
+        except asyncio.CancelledError:
+            stream.close()  # a cut: what arrived is kept
+        except Exception as exc:  # noqa: BLE001 - handed to the caller's iteration
+            queue.put_nowait(exc)
+        finally:
+            queue.put_nowait(_END)
+
+    def _unfinished(self) -> list[Sampled]:
+        """Choices still to generate; one ended by a stop id or by max_tokens is finished as it is."""
+        unfinished = []
+        for choice in self.choices:
+            if choice.finish_reason is None and choice.token_ids and choice.token_ids[-1] in self.stop_ids:
+                choice.finish_reason = "stop"
+            elif choice.finish_reason is None and len(choice.token_ids) >= self.sampling["max_tokens"]:
+                choice.finish_reason = "length"
+            elif choice.finish_reason is None:
+                unfinished.append(choice)
+        return unfinished
+
+    async def _continue(self) -> None:
+        """After a cut: wait for the resume (503 past --max-pause), then open a call per unfinished choice."""
+        self.cuts += 1
+        self.metrics.generations.labels("cut").inc()
+        self.metrics.cut_tokens.inc(sum(len(c.token_ids) for c in self.choices))
+        version = await self.gate.resumed()
+        self.version = version if version is not None else self.version
+        self._cut = False
+        self._opened = []
+        for choice in self._unfinished():
+            sampling = {**self.sampling, "n": 1, "max_tokens": self.sampling["max_tokens"] - len(choice.token_ids)}
+            self.backend, stream = await self.pool.stream(self.prompt_ids + choice.token_ids, sampling, self.backend)
+            self._opened.append((stream, [choice.index]))
+        self.metrics.generations.labels("continued").inc()

@@ -1,0 +1,147 @@
+"""Weight updates through the gateway: pause, cut, resume, and what a call sees meanwhile.
+
+A trainer that loads new weights into the engines first pauses every gateway
+(``POST /admin/pause``). From then on a new engine call is held as admission
+holds a new trajectory: up to ``?wait=SECONDS``, else answered 429 with
+``Retry-After``. Every generation in flight is cut at the engine (its stream is
+closed, so the engine stops at its next token) and keeps what it sampled; a
+cut adds nothing to the engine's load while the weights change. The trainer
+loads the weights, publishes the version and resumes (``POST /admin/resume``
+with the version): each cut generation continues from prompt + partial
+response under the new weights (``gateway.generation``), and its step says
+which version sampled which tokens (``streams.versions``).
+
+``drain`` pauses instead by holding new calls until the generations in flight
+end by themselves: what an update costs when nothing is cut (the benchmark's
+baseline). A pause longer than ``--max-pause`` ends held and cut calls with 503
+and ``Retry-After`` (nothing of theirs was published; the agent retries), instead
+of holding them for as long as the update takes. Pause and resume are idempotent;
+a resume to a version older than the one served is a 409.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Protocol
+
+from trajbus.gateway.errors import GatewayError, conflict, unavailable
+from trajbus.gateway.metrics import GatewayMetrics
+
+RETRY_SECONDS = 1
+"""What a call refused during a pause is told to wait: updates usually take seconds."""
+
+
+class Cuttable(Protocol):
+    """A generation in flight, as the gate sees it."""
+
+    def cut(self) -> list[asyncio.Task]:
+        """Stop at the engine now; the tasks to await until its streams are closed."""
+
+
+class UpdateGate:
+    """Whether generation is paused, the version the last resume named, and the generations in flight."""
+
+    def __init__(self, max_pause: float, metrics: GatewayMetrics) -> None:
+        self.max_pause, self.metrics = max_pause, metrics
+        self.paused_at: float | None = None
+        """``time.monotonic()`` of the pause in force, None while generating."""
+        self.version: int | None = None
+        """The version the engines serve, as the last resume said (None: never resumed here)."""
+        self.running: set[Cuttable] = set()
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+    def enter(self, generation: Cuttable) -> None:
+        self.running.add(generation)
+        self._idle.clear()
+
+    def leave(self, generation: Cuttable) -> None:
+        self.running.discard(generation)
+        if not self.running:
+            self._idle.set()
+
+    # -- the trainer's side ------------------------------------------------------------
+    async def pause(self, drain: bool = False, serving: int | None = None) -> dict[str, Any]:
+        """Hold new engine calls and cut (or, ``drain``, wait out) the generations in flight. The answer
+        says how many were cut and the version served (``serving``: Kafka's, when no resume named one)."""
+        if not self.paused:
+            self.paused_at = time.monotonic()
+            self._resumed = asyncio.Event()
+            self.metrics.paused.set(1)
+        cut = 0
+        if drain:
+            try:
+                await asyncio.wait_for(self._idle.wait(), self.remaining())
+            except asyncio.TimeoutError:
+                pass
+        else:
+            readers = [generation.cut() for generation in list(self.running)]
+            await asyncio.gather(*(task for tasks in readers for task in tasks), return_exceptions=True)
+            cut = sum(1 for tasks in readers if tasks)
+        return {"paused": True, "cut": cut, "in_flight": len(self.running),
+                "paused_seconds": round(time.monotonic() - self.paused_at, 3),
+                "serving": self.version if self.version is not None else serving}
+
+    def resume(self, version: int, serving: int | None) -> dict[str, Any]:
+        """Generate again, under ``version``; 409 when it is older than the version served."""
+        current = self.version if self.version is not None else serving
+        if current is not None and version < current:
+            raise conflict(f"version {version} is older than the version served, {current}")
+        self.version = version
+        paused_for = 0.0
+        if self.paused:
+            paused_for = time.monotonic() - self.paused_at
+            self.metrics.pause_seconds.observe(paused_for)
+            self.paused_at = None
+            self.metrics.paused.set(0)
+            self._resumed.set()
+        return {"paused": False, "version": version, "paused_seconds": round(paused_for, 3)}
+
+    def remaining(self) -> float:
+        """Seconds left before the pause in force passes ``--max-pause``."""
+        return self.paused_at + self.max_pause - time.monotonic() if self.paused else self.max_pause
+
+    # -- a call's side -----------------------------------------------------------------
+    async def hold(self, wait: float) -> None:
+        """A new engine call during a pause: held up to ``wait`` seconds, else 429 (503 past the limit)."""
+        if not self.paused:
+            return
+        if await self._wait(min(wait, max(self.remaining(), 0.0))):
+            return
+        if self.remaining() <= 0:
+            raise self.too_long()
+        raise GatewayError(429, "generation is paused for a weight update; retry shortly, or call with "
+                                "?wait=SECONDS to be held until it resumes", type_="rate_limit_error",
+                           code="paused_for_update", retry_after=RETRY_SECONDS)
+
+    async def resumed(self) -> int | None:
+        """A cut generation waits for the resume (503 past ``--max-pause``); the version to continue under."""
+        if self.paused and not await self._wait(max(self.remaining(), 0.0)):
+            self.metrics.generations.labels("expired").inc()
+            raise self.too_long()
+        return self.version
+
+    async def _wait(self, seconds: float) -> bool:
+        resumed = self._resumed
+        if seconds > 0:
+            try:
+                await asyncio.wait_for(resumed.wait(), seconds)
+            except asyncio.TimeoutError:
+                pass
+        return resumed.is_set()
+
+    def too_long(self) -> GatewayError:
+        return unavailable(f"generation has been paused for a weight update for more than {self.max_pause:g} s "
+                           f"(--max-pause); retry once it resumes", code="paused_too_long",
+                           retry_after=RETRY_SECONDS)
+
+    def state(self) -> dict[str, Any]:
+        return {"paused": self.paused, "version": self.version, "in_flight": len(self.running),
+                "paused_seconds": round(time.monotonic() - self.paused_at, 3) if self.paused else 0.0}

@@ -1,0 +1,67 @@
+"""What an engine request asks for and what it answers: sampling parameters parsed with vLLM's rules,
+a sample, and the errors of a request (shared by ``infra.inference_server`` and ``infra.scripted_engine``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+
+
+class RequestError(ValueError):
+    """A request field the server cannot honour (answered with 400)."""
+
+
+class Aborted(RuntimeError):
+    """The client of a streaming request went away: its generation stops at the next token."""
+
+
+# -- request parsing --------------------------------------------------------------
+
+def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise RequestError(f"{name}: must be a number in [{low}, {high}], got {value!r}")
+    return float(value)
+
+
+def _integer(body: dict, name: str, default: int | None, low: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if type(value) is not int or value < low:
+        raise RequestError(f"{name}: must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def sampling_params(body: dict) -> tuple[SamplingParams, int]:
+    stop = body.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError("stop: must be a non-empty string or a list of them")
+    max_tokens = _integer(body, "max_tokens", None, 1)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_completion_tokens", 16, 1)
+    params = SamplingParams(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+                            top_p=_number(body, "top_p", 1.0, 1e-6, 1.0), seed=_integer(body, "seed", None, 0),
+                            stop=stop, ignore_eos=bool(body.get("ignore_eos", False)))
+    return params, _integer(body, "n", 1, 1)
