@@ -29,7 +29,8 @@ class TrainingState:
         self.consumer, self.ledger = consumer, ledger
 
     def state_dict(self) -> dict[str, Any]:
-        self.ledger.refresh()
+        """For the checkpoint; the ledger depth is measured on the way."""
+        self.depth()
         return {"consumer": self.consumer.state_dict(),
                 "ledger": {"topic": self.ledger.topic, "offset": self.ledger.position,
                            "dataset": self.ledger.view.dataset}}
