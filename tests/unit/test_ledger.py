@@ -161,3 +161,36 @@ def test_a_dispatch_the_broker_does_not_acknowledge_hands_nothing_out_and_moves_
     groups = source.get_samples(3)
     assert [g[0].prompt for g in groups] == ["b", "q0", "q1"] and groups[0][0].prompt_uid.startswith("b")
     assert [r.origin for r in ledger.records if isinstance(r, Dispatch)][0] == ledger.records[0].entry_id
+
+
+class FakeConsumer:
+    channel = "train"
+
+    def __init__(self) -> None:
+        self.positions: dict[int, int] = {0: 2}
+
+    def state_dict(self) -> dict:
+        return {"topic": "t.groups.train", "positions": dict(self.positions)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.positions = dict(state["positions"])
+
+
+def test_training_state_saves_both_positions_and_refuses_a_ledger_that_lost_records(prompts):
+    from trajbus.pipelines.training_state import TrainingState
+
+    ledger = FakeLedger()
+    ledger.topic, ledger.position = "t.prompts.train", 0
+    RolloutDataSource(args(prompts), ledger=ledger).get_samples(3)
+    ledger.records += [Outcome(d.prompt_uid, "emitted", placed=[0, i]) for i, d in enumerate(ledger.records)]
+    ledger.position = len(ledger.records)
+    consumer = FakeConsumer()
+    state = TrainingState(consumer, ledger).state_dict()
+    assert state["consumer"]["positions"] == {0: 2} and state["ledger"]["offset"] == 6
+    assert TrainingState(consumer, ledger).depth() == 1, "the group at offset 2 is emitted, not yet trained"
+    consumer.positions = {}
+    TrainingState(consumer, ledger).load_state_dict(state)
+    assert consumer.positions == {0: 2}
+    ledger.position = 4
+    with pytest.raises(LedgerError, match="ends at 4, the checkpoint saw 6 records: it was deleted or replaced"):
+        TrainingState(consumer, ledger).load_state_dict(state)
