@@ -1,6 +1,7 @@
 """`make bench`: run every benchmark in turn."""
 
-from benchmarks import agentic_bench, assembly_bench, codec_bench, convert_bench, gateway_bench, pacing_bench
+from benchmarks import (agentic_bench, assembly_bench, codec_bench, convert_bench, gateway_bench, pacing_bench,
+                        update_bench)
 
 if __name__ == "__main__":
     codec_bench.main()
@@ -9,3 +10,4 @@ if __name__ == "__main__":
     convert_bench.main()
     gateway_bench.main()
     pacing_bench.main()
+    update_bench.main([])

@@ -183,8 +183,7 @@ class _Call:
     async def complete(self) -> ORJSONResponse:
         try:
             await self.generation.start()
-            async for _piece in self.generation.pieces():
-                pass
+            await self.generation.run()
         except (NoBackendAvailable, BackendError) as exc:
             raise backend_failure(exc) from None
         backend, completions = self.generation.backend, self.generation.choices

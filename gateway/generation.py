@@ -14,6 +14,7 @@ sees each side alone).
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
@@ -24,6 +25,13 @@ from trajbus.streams.versions import Segments
 
 _END = object()
 """A reader's last item on the round's queue."""
+
+
+def _reader_done(stream: EngineStream, queue: asyncio.Queue | None, task: asyncio.Task) -> None:
+    """A reader ended: its stream is closed (if it had not ended), and one cut before it began still ends."""
+    stream.close()
+    if task.cancelled() and queue is not None:
+        queue.put_nowait(_END)
 
 
 @dataclass
@@ -74,11 +82,20 @@ class Generation:
             task.cancel()
         return tasks
 
-    async def pieces(self) -> AsyncIterator[Completion]:
+    async def run(self) -> None:
+        """Every choice to its end, across cuts, handing no piece on (a client that wants one answer:
+        no queue between the readers and the caller, so a token costs its parse)."""
+        async for _piece in self._generate(hand_on=False):
+            pass
+
+    def pieces(self) -> AsyncIterator[Completion]:
         """Every piece as it arrives, its index the choice's, across cuts; ends once every choice has."""
+        return self._generate(hand_on=True)
+
+    async def _generate(self, hand_on: bool) -> AsyncIterator[Completion]:
         try:
             while True:
-                async for piece in self._round():
+                async for piece in self._round(hand_on):
                     yield piece
                 if not self._cut or not self._unfinished():
                     break
@@ -92,14 +109,23 @@ class Generation:
         for choice in self.choices:
             choice.finish_reason = choice.finish_reason or "stop"
 
-    async def _round(self) -> AsyncIterator[Completion]:
+    async def _round(self, hand_on: bool) -> AsyncIterator[Completion]:
         if self._cut:  # cut while connecting: the engine stops before it sends anything
             for stream, _ in self._opened:
                 stream.close()
             return
-        queue: asyncio.Queue = asyncio.Queue()
-        self._tasks = [asyncio.create_task(self._read(stream, indices, self.version, queue))
-                       for stream, indices in self._opened]
+        queue: asyncio.Queue | None = asyncio.Queue() if hand_on else None
+        self._tasks = []
+        for stream, indices in self._opened:
+            task = asyncio.create_task(self._read(stream, indices, self.version, queue))
+            task.add_done_callback(functools.partial(_reader_done, stream, queue))
+            self._tasks.append(task)
+        if queue is None:
+            outcomes = await asyncio.gather(*self._tasks, return_exceptions=True)
+            failures = [f for f in outcomes if isinstance(f, Exception)]
+            if failures:
+                raise failures[0]
+            return
         left = len(self._tasks)
         while left:
             item = await queue.get()
@@ -110,18 +136,25 @@ class Generation:
             else:
                 yield item
 
-    async def _read(self, stream: EngineStream, indices: list[int], version: int, queue: asyncio.Queue) -> None:
+    async def _read(self, stream: EngineStream, indices: list[int], version: int,
+                    queue: asyncio.Queue | None) -> Exception | None:
+        """One engine stream into its choices (and onto ``queue``); a failure is returned or queued."""
         try:
             async for piece in stream:
                 piece.index = indices[piece.index]
                 self.choices[piece.index].add(piece, version)
-                queue.put_nowait(piece)
+                if queue is not None:
+                    queue.put_nowait(piece)
         except asyncio.CancelledError:
             stream.close()  # a cut: what arrived is kept
-        except Exception as exc:  # noqa: BLE001 - handed to the caller's iteration
+        except Exception as exc:  # noqa: BLE001 - the caller's to raise
+            if queue is None:
+                return exc
             queue.put_nowait(exc)
         finally:
-            queue.put_nowait(_END)
+            if queue is not None:
+                queue.put_nowait(_END)
+        return None
 
     def _unfinished(self) -> list[Sampled]:
         """Choices still to generate; one ended by a stop id or by max_tokens is finished as it is."""

@@ -68,6 +68,7 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir).to(self.device).eval()
         self.loads = 1
+        self.sampled_tokens = 0
         self.eos_ids = {self.tokenizer.eos_token_id}
         self.max_length = int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
@@ -108,6 +109,7 @@ class Engine:
                     logits[list(self.eos_ids)] = float("-inf")
                 token = self._choose(logits, params, generator)
                 ids.append(token)
+                self.sampled_tokens += 1
                 logprobs.append(float(raw[token]))
                 text = self._text(ids)
                 hit = next((s for s in params.stop if s in text), None)
@@ -281,8 +283,9 @@ def create_app(engine: Engine, model_name: str):
 
     @app.get("/get_model_info")
     async def model_info() -> dict:
-        """Which weights are served: ``loads`` counts the weight loads (1: the weights it started with)."""
-        return {"model_path": str(engine.model_dir), "loads": engine.loads}
+        """Which weights are served: ``loads`` counts the weight loads (1: the weights it started with);
+        ``sampled_tokens``: every token sampled so far, delivered or not."""
+        return {"model_path": str(engine.model_dir), "loads": engine.loads, "sampled_tokens": engine.sampled_tokens}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

@@ -95,6 +95,8 @@ class ScriptedEngine:
         self.model_dir = tokenizer_path
         self.max_length = max_length
         self.loads = 1
+        self.sampled_tokens = 0
+        """Every token sampled, delivered or not (a benchmark compares it with what reached the agents)."""
         self._replies = itertools.cycle([self._scripted(reply) for reply in replies])
         self._record = record
         self._lock = threading.Lock()
@@ -148,8 +150,11 @@ class ScriptedEngine:
         values: list[float] = []
         streamed = ""
         for k, token in enumerate(ids):
-            time.sleep(reply.token_delay)
+            if reply.token_delay:
+                time.sleep(reply.token_delay)
             values.append(log_prob(start + k, self.loads))  # the weights this token is sampled with
+            with self._lock:  # several generations at once (--workers)
+                self.sampled_tokens += 1
             if on_token is None:
                 continue
             streamed = streamed + reply.pieces[start + k] if reply.pieces is not None else \

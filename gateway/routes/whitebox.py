@@ -82,8 +82,7 @@ def whitebox_router(service: GatewayService, admin: list) -> APIRouter:
                                 backends.remembered(uid), service.tokenizer.stop_ids)
         try:
             await generation.start()
-            async for _piece in generation.pieces():
-                pass
+            await generation.run()
         except (NoBackendAvailable, BackendError) as exc:
             raise backend_failure(exc) from None
         backends.remember(uid, generation.backend)
