@@ -1,4 +1,5 @@
-"""``/dashboard``: a live page of what flows (throughput, queue depth, staleness, drops, admission, reward).
+"""``/dashboard``: a live page of what flows (throughput, queue depth, staleness, drops, admission, weight
+updates, reward).
 
 The page (``static/dashboard.html``) polls ``/dashboard/data`` every second;
 throughput is measured here, over the last ten seconds, so any viewer sees it at once.
@@ -41,6 +42,18 @@ class DashboardData:
         servers = self.service.kafka.bootstrap_servers
         return summarize(read_snapshots(servers, self.service.settings.prefix, timeout=5.0)) if servers else {}
 
+    def _updates(self) -> dict[str, Any]:
+        """Weight updates: paused now, updates so far and their mean pause, generations cut/continued/expired."""
+        metrics = self.service.metrics
+        paused = {s.name.rsplit("_", 1)[-1]: s.value for m in metrics.pause_seconds.collect() for s in m.samples
+                  if s.name.endswith(("_sum", "_count"))}
+        events = {s.labels["event"]: int(s.value) for m in metrics.generations.collect() for s in m.samples
+                  if s.name.endswith("_total")}
+        count = int(paused.get("count", 0))
+        return {**self.service.updates.state(), "updates": count,
+                "mean_pause_s": paused.get("sum", 0.0) / count if count else None,
+                **{event: events.get(event, 0) for event in ("cut", "continued", "expired")}}
+
     async def get(self) -> dict[str, Any]:
         async with self._lock:
             if self._cached is None or time.monotonic() - self._cached[0] > self.max_age:
@@ -70,7 +83,7 @@ class DashboardData:
         admissions += [[s.labels["channel"], "waiting now", s.labels["reason"], int(s.value)]
                        for m in metrics.waiting.collect() for s in m.samples if s.value]
         return {
-            "admission": self.service.pacing.state(), "admissions": admissions,
+            "admission": self.service.pacing.state(), "admissions": admissions, "updates": self._updates(),
             "time": time.time(), "prefix": self.service.settings.prefix, "steps_published": int(steps),
             "steps_per_s": round(self._rate(steps), 2),
             "groups_emitted": int(sum(row.get("groups[emitted]", 0) for row in workers.values())),

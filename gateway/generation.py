@@ -60,6 +60,8 @@ class Generation:
         self.backend, self.stop_ids = preferred, stop_ids
         self.choices = [Sampled(i) for i in range(sampling.get("n") or 1)]
         self.cuts = 0
+        self._kept = 0
+        """Tokens sampled before the last cut (counted once in ``cut_tokens``)."""
         self._cut = False
         self._opened: list[tuple[EngineStream, list[int]]] = []
         self._tasks: list[asyncio.Task] = []
@@ -172,7 +174,9 @@ class Generation:
         """After a cut: wait for the resume (503 past --max-pause), then open a call per unfinished choice."""
         self.cuts += 1
         self.metrics.generations.labels("cut").inc()
-        self.metrics.cut_tokens.inc(sum(len(c.token_ids) for c in self.choices))
+        sampled = sum(len(c.token_ids) for c in self.choices)
+        self.metrics.cut_tokens.inc(sampled - self._kept)
+        self._kept = sampled
         version = await self.gate.resumed()
         self.version = version if version is not None else self.version
         self._cut = False

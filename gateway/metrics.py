@@ -49,7 +49,7 @@ class GatewayMetrics:
                                    "continued under the new weights, or ended 503 past --max-pause",
                                    ["event"], registry=r)
         self.cut_tokens = Counter("trajbus_gateway_cut_tokens", "Tokens generations had sampled when a weight "
-                                  "update cut them: kept, and continued from", registry=r)
+                                  "update cut them (since any cut before): kept, and continued from", registry=r)
         self.paused = Gauge("trajbus_gateway_paused", "1 while generation is paused for a weight update",
                             registry=r)
         self.pause_seconds = Histogram("trajbus_gateway_pause_seconds", "Time generation was paused, per weight "

@@ -165,6 +165,9 @@ def test_generations_cut_by_an_update_continue_under_the_new_weights(
     assert metric(gateway, 'trajbus_gateway_generations_total{event="cut"}') == 3
     assert metric(gateway, 'trajbus_gateway_generations_total{event="continued"}') == 3
     assert metric(gateway, "trajbus_gateway_pause_seconds_count") == 1
+    shown = httpx.get(f"{gateway}/dashboard/data", timeout=30).json()["updates"]
+    assert (shown["paused"], shown["version"], shown["updates"], shown["cut"], shown["continued"]) == (
+        False, 1, 1, 3, 3) and shown["mean_pause_s"] > 0
     publisher.close()
 
 
