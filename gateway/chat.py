@@ -24,6 +24,7 @@ version the call began with). During a pause a new call is held up to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -211,16 +212,18 @@ class _Call:
 
     async def _events(self) -> AsyncIterator[bytes]:
         completions = self.generation.choices
-        sent = [0] * len(completions)
+        texts, sent = [""] * len(completions), [0] * len(completions)  # as handed on: one chunk per piece
         try:
             for choice in completions:
                 yield self._chunk(choice.index, {"role": "assistant", "content": ""})
-            async for piece in self.generation.pieces():
-                choice = completions[piece.index]
-                ready = tool_calls.safe_prefix(choice.text) if self.request.tools else len(choice.text)
-                if ready > sent[choice.index]:
-                    yield self._chunk(choice.index, {"content": choice.text[sent[choice.index]:ready]})
-                    sent[choice.index] = ready
+            async with contextlib.aclosing(self.generation.pieces()) as pieces:
+                async for piece in pieces:
+                    i = piece.index
+                    texts[i] += piece.text
+                    ready = tool_calls.safe_prefix(texts[i]) if self.request.tools else len(texts[i])
+                    if ready > sent[i]:
+                        yield self._chunk(i, {"content": texts[i][sent[i]:ready]})
+                        sent[i] = ready
             for completion in completions:
                 check_logprobs(completion)
             parsed = [self._parse(c) for c in completions]

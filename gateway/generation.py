@@ -14,6 +14,7 @@ sees each side alone).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -87,11 +88,13 @@ class Generation:
     async def run(self) -> None:
         """Every choice to its end, across cuts, handing no piece on (a client that wants one answer:
         no queue between the readers and the caller, so a token costs its parse)."""
-        async for _piece in self._generate(hand_on=False):
-            pass
+        async with contextlib.aclosing(self._generate(hand_on=False)) as pieces:
+            async for _piece in pieces:
+                pass
 
     def pieces(self) -> AsyncIterator[Completion]:
-        """Every piece as it arrives, its index the choice's, across cuts; ends once every choice has."""
+        """Every piece as it arrives, its index the choice's, across cuts; ends once every choice has.
+        Iterate it under ``contextlib.aclosing``: a caller cancelled mid-way closes the engine streams at once."""
         return self._generate(hand_on=True)
 
     async def _generate(self, hand_on: bool) -> AsyncIterator[Completion]:
