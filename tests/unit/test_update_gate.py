@@ -1,0 +1,93 @@
+"""The weight-update gate's rules, on one event loop: held calls, cuts, resumes, the pause limit."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from trajbus.gateway.errors import GatewayError
+from trajbus.gateway.metrics import GatewayMetrics
+from trajbus.gateway.updates import UpdateGate
+
+
+class Reader:
+    """A generation in flight: ``cut`` cancels its reader task."""
+
+    def __init__(self) -> None:
+        self.task = asyncio.create_task(asyncio.sleep(60))
+        self.cuts = 0
+
+    def cut(self) -> list[asyncio.Task]:
+        self.cuts += 1
+        reading = [self.task] if not self.task.done() else []
+        self.task.cancel()
+        return reading
+
+
+def gate(max_pause: float = 30.0) -> UpdateGate:
+    return UpdateGate(max_pause, GatewayMetrics("test", "http://test"))
+
+
+def test_a_pause_cuts_what_runs_holds_new_calls_and_a_resume_releases_them():
+    async def scenario() -> None:
+        updates = gate()
+        running = Reader()
+        updates.enter(running)
+        paused = await updates.pause(serving=4)
+        assert paused["cut"] == 1 and paused["serving"] == 4 and running.task.cancelled()
+        again = await updates.pause()  # idempotent: still paused, nothing left reading to cut
+        assert again["paused"] is True and again["cut"] == 0 and again["in_flight"] == 1
+        with pytest.raises(GatewayError) as refused:
+            await updates.hold(0.0)
+        assert refused.value.status == 429 and refused.value.code == "paused_for_update"
+        held = asyncio.create_task(updates.hold(10.0))
+        waiting = asyncio.create_task(updates.resumed())
+        await asyncio.sleep(0)
+        assert not held.done() and not waiting.done()
+        assert updates.resume(5, serving=4)["paused"] is False
+        await held
+        assert await waiting == 5 and not updates.paused
+        assert updates.resume(5, serving=4)["paused_seconds"] == 0.0  # idempotent
+        with pytest.raises(GatewayError) as older:
+            updates.resume(4, serving=6)
+        assert older.value.status == 409
+
+    asyncio.run(scenario())
+
+
+def test_an_older_version_than_the_one_served_is_refused_before_any_resume():
+    with pytest.raises(GatewayError, match="older than the version served, 7"):
+        gate().resume(6, serving=7)
+
+
+def test_past_the_pause_limit_held_and_cut_calls_end_with_a_retryable_503():
+    async def scenario() -> None:
+        updates = gate(max_pause=0.2)
+        await updates.pause()
+        held = asyncio.create_task(updates.hold(30.0))
+        with pytest.raises(GatewayError) as cut:
+            await updates.resumed()
+        with pytest.raises(GatewayError) as late:
+            await held
+        for error in (cut.value, late.value):
+            assert error.status == 503 and error.code == "paused_too_long" and error.retry_after == 1
+        with pytest.raises(GatewayError, match="paused_too_long|more than"):
+            await updates.hold(5.0)  # a call arriving past the limit is not held at all
+
+    asyncio.run(scenario())
+
+
+def test_drain_waits_for_the_generations_in_flight_instead_of_cutting_them():
+    async def scenario() -> None:
+        updates = gate()
+        running = Reader()
+        updates.enter(running)
+        pausing = asyncio.create_task(updates.pause(drain=True))
+        await asyncio.sleep(0.05)
+        assert not pausing.done() and running.cuts == 0
+        updates.leave(running)
+        assert (await pausing)["cut"] == 0
+        running.task.cancel()
+
+    asyncio.run(scenario())
