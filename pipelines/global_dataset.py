@@ -9,6 +9,20 @@ resets its registered datasets before each validation pass.
 The classes are plain Python (usable and testable without Ray);
 ``global_dataset_actor`` / ``global_dataset_manager_actor`` create or find the
 named actors (``get_if_exists``) in a namespace, as ROLL does.
+
+On a prompt ledger, the ``EpisodeScheduler`` (``pipelines.env_manager``) records
+the groups and names the dataset by ``identity()``; in ``sample`` mode the seed in
+each prompt uid picks the item, so a resumed run rolls out the same prompt again.
+``traversal`` mode does not resume from the ledger, and the scheduler refuses a
+traversal dataset, because it does not fit:
+
+- the dispatch is recorded before any env draws its item, and a traversal item is
+  whatever index is next when an env asks (each env of a group gets a different one),
+  so no dispatch names a dataset position to continue after, and a re-issued episode
+  would get another item;
+- traversal is ROLL's validation pass: the manager resets the index before every pass
+  and a pass runs whole, so a pass cut by a crash is run again from its start at the
+  next evaluation; continuing its index would skip items of that pass.
 """
 
 from __future__ import annotations
@@ -19,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trajbus.pipelines.data_source import read_records
+from trajbus.streams.ledger import fingerprint
 
 MODES = ("sample", "traversal")
 
@@ -53,6 +68,10 @@ class GlobalDataset:
 
     def size(self) -> int:
         return len(self.items)
+
+    def identity(self) -> str:
+        """``<fingerprint>/<size>`` of the items: a ledger names its dataset so, and refuses another one."""
+        return f"{fingerprint(self.items)}/{len(self.items)}"
 
 
 class GlobalDatasetManager:
