@@ -108,7 +108,7 @@ class ChatCompletions:
         await self.updates.hold(wait)
         generation = Generation(self.backends, self.updates, self.metrics, prompt.ids, sampling,
                                 self.lifecycle.policy_version(trajectory), trajectory.backend,
-                                self.tokenizer.stop_ids)
+                                self.tokenizer.stop_ids, request.stream or self.settings.engine_streaming == "always")
         call = _Call(self, trajectory, request, messages, prompt, generation)
         if request.stream:
             return await call.stream()

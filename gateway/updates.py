@@ -13,7 +13,8 @@ which version sampled which tokens (``streams.versions``).
 
 ``drain`` pauses instead by holding new calls until the generations in flight
 end by themselves: what an update costs when nothing is cut (the benchmark's
-baseline). A pause longer than ``--max-pause`` ends held and cut calls with 503
+baseline). A generation read as one JSON answer (``--engine-streaming
+when-asked``, a client that did not stream) cannot be cut: a pause waits for it. A pause longer than ``--max-pause`` ends held and cut calls with 503
 and ``Retry-After`` (nothing of theirs was published; the agent retries), instead
 of holding them for as long as the update takes. Pause and resume are idempotent;
 a resume to a version older than the one served is a 409.
@@ -35,6 +36,9 @@ RETRY_SECONDS = 1
 class Cuttable(Protocol):
     """A generation in flight, as the gate sees it."""
 
+    cuttable: bool
+    """False for one read as a single JSON answer (``--engine-streaming when-asked``): a pause waits for it."""
+
     def cut(self) -> list[asyncio.Task]:
         """Stop at the engine now; the tasks to await until its streams are closed."""
 
@@ -51,8 +55,8 @@ class UpdateGate:
         self.running: set[Cuttable] = set()
         self._resumed = asyncio.Event()
         self._resumed.set()
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._left = asyncio.Event()
+        """Set (and replaced) whenever a generation leaves: a pause waiting for some to end looks again."""
 
     @property
     def paused(self) -> bool:
@@ -60,12 +64,20 @@ class UpdateGate:
 
     def enter(self, generation: Cuttable) -> None:
         self.running.add(generation)
-        self._idle.clear()
 
     def leave(self, generation: Cuttable) -> None:
         self.running.discard(generation)
-        if not self.running:
-            self._idle.set()
+        self._left.set()
+        self._left = asyncio.Event()
+
+    async def _until_ended(self, drain: bool) -> None:
+        """Wait (up to the pause limit) until every generation in flight ended, or (not ``drain``) every
+        one a pause cannot cut."""
+        while any(drain or not g.cuttable for g in self.running) and self.remaining() > 0:
+            try:
+                await asyncio.wait_for(self._left.wait(), self.remaining())
+            except asyncio.TimeoutError:
+                return
 
     # -- the trainer's side ------------------------------------------------------------
     async def pause(self, drain: bool = False, serving: int | None = None) -> dict[str, Any]:
@@ -76,15 +88,11 @@ class UpdateGate:
             self._resumed = asyncio.Event()
             self.metrics.paused.set(1)
         cut = 0
-        if drain:
-            try:
-                await asyncio.wait_for(self._idle.wait(), self.remaining())
-            except asyncio.TimeoutError:
-                pass
-        else:
-            readers = [generation.cut() for generation in list(self.running)]
+        if not drain:
+            readers = [generation.cut() for generation in list(self.running) if generation.cuttable]
             await asyncio.gather(*(task for tasks in readers for task in tasks), return_exceptions=True)
             cut = sum(1 for tasks in readers if tasks)
+        await self._until_ended(drain)
         return {"paused": True, "cut": cut, "in_flight": len(self.running),
                 "paused_seconds": round(time.monotonic() - self.paused_at, 3),
                 "serving": self.version if self.version is not None else serving}

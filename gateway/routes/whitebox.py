@@ -79,7 +79,8 @@ def whitebox_router(service: GatewayService, admin: list) -> APIRouter:
         await service.updates.hold(wait)
         version = body.policy_version if body.policy_version is not None else service.lifecycle.serving()
         generation = Generation(backends, service.updates, service.metrics, body.prompt_ids, sampling, version,
-                                backends.remembered(uid), service.tokenizer.stop_ids)
+                                backends.remembered(uid), service.tokenizer.stop_ids,
+                                settings.engine_streaming == "always")
         try:
             await generation.start()
             await generation.run()

@@ -198,3 +198,19 @@ def test_a_pause_past_its_limit_ends_held_and_cut_calls_retryably(
     events = decode_step_events(read_to_end(bootstrap_servers, steps_topic("train", prefix)))
     assert [(e.trajectory_uid, e.policy_version, e.version_segments) for e in events] == [
         (second["trajectory_uid"], 3, None)]  # the cut call published nothing; the retry the new version
+
+
+def test_a_call_read_as_one_answer_is_waited_for_not_cut(bootstrap_servers, prefix, scripted_engine, start_gateway):
+    engine, record = scripted_engine([{"text": STREAMED, "token_delay": DELAY}])
+    gateway, _ = start_gateway([engine], ["--response-length", "256", "--engine-streaming", "when-asked"])
+    trajectory = httpx.post(f"{gateway}/init_trajectory", json={"prompt_uid": "whole"}).json()
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(agent(trajectory["base_url"]).chat.completions.create, model="m", messages=ASKED)
+        wait_for(lambda: in_flight(gateway) == 1, 30, "the generation to start")
+        paused = httpx.post(f"{gateway}/admin/pause", timeout=30).json()
+        assert paused["cut"] == 0 and paused["in_flight"] == 0  # it returned once the generation had ended
+        assert httpx.post(f"{gateway}/admin/resume", json={"version": 1}).status_code == 200
+        assert call.result().choices[0].message.content == STREAMED
+    assert len(received(record)) == 1
+    events = decode_step_events(read_to_end(bootstrap_servers, steps_topic("train", prefix)))
+    assert [(e.policy_version, e.version_segments) for e in events] == [(0, None)]

@@ -14,9 +14,10 @@ from trajbus.gateway.updates import UpdateGate
 class Reader:
     """A generation in flight: ``cut`` cancels its reader task."""
 
-    def __init__(self) -> None:
+    def __init__(self, cuttable: bool = True) -> None:
         self.task = asyncio.create_task(asyncio.sleep(60))
         self.cuts = 0
+        self.cuttable = cuttable
 
     def cut(self) -> list[asyncio.Task]:
         self.cuts += 1
@@ -89,5 +90,21 @@ def test_drain_waits_for_the_generations_in_flight_instead_of_cutting_them():
         updates.leave(running)
         assert (await pausing)["cut"] == 0
         running.task.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_generation_read_as_one_answer_is_waited_for_not_cut():
+    async def scenario() -> None:
+        updates = gate()
+        streamed, whole = Reader(), Reader(cuttable=False)
+        updates.enter(streamed)
+        updates.enter(whole)
+        pausing = asyncio.create_task(updates.pause())
+        await asyncio.sleep(0.05)
+        assert streamed.task.cancelled() and not pausing.done() and whole.cuts == 0
+        updates.leave(whole)
+        assert (await pausing)["cut"] == 1
+        whole.task.cancel()
 
     asyncio.run(scenario())
