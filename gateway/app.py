@@ -1,7 +1,7 @@
 """The gateway's ASGI application: its parts (``GatewayService``), its routers, its middleware.
 
 Operations (``gateway.routes.operations``), white-box (``...whitebox``),
-black-box (``...blackbox``) and weight-update (``...updates``) routes; white-box and admin routes take
+black-box (``...blackbox``) and weight-update (``...pause``) routes; white-box and admin routes take
 ``--api-key`` as a bearer token when one is set, a black-box URL is its own
 capability. Responses are encoded by orjson.
 """
@@ -20,7 +20,7 @@ from trajbus.gateway.openapi import describe
 from trajbus.gateway.routes.auth import api_key_guard
 from trajbus.gateway.routes.blackbox import blackbox_router
 from trajbus.gateway.routes.operations import operations_router
-from trajbus.gateway.routes.updates import updates_router
+from trajbus.gateway.routes.pause import pause_router
 from trajbus.gateway.routes.whitebox import whitebox_router
 from trajbus.gateway.service import GatewayService
 
@@ -40,7 +40,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     describe(app, settings, lambda: len(service.tokenizer.tokenizer) if service.tokenizer.ready else None)
     admin = api_key_guard(settings.api_key)
     for router in (operations_router(service, admin), whitebox_router(service, admin),
-                   blackbox_router(service, admin), updates_router(service, admin)):
+                   blackbox_router(service, admin), pause_router(service, admin)):
         app.include_router(router)
     # Outermost last: every request is observed, a shed one too; the body cap applies before any parse.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

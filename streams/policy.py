@@ -14,13 +14,15 @@ import json
 import logging
 import threading
 import time
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from confluent_kafka import TopicPartition
 from trajbus.infra.clients import acked_producer, reader
 
 from trajbus.streams.topics import DEFAULT_PREFIX, policy_topic
-from trajbus.streams.weight_update import GatewayUpdates, UpdateReport
+
+if TYPE_CHECKING:
+    from trajbus.streams.weight_update import UpdateReport
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +72,13 @@ class PolicyVersionPublisher:
             raise RuntimeError(f"policy version {version} not published to {self.topic}: {errors[0].str()}")
 
     def update(self, version: int, load: Callable[[], object] | None = None, gateways: Sequence[str] = (),
-               api_key: str | None = None, drain: bool = False) -> UpdateReport:
+               api_key: str | None = None, drain: bool = False) -> "UpdateReport":
         """Pause every gateway (generations in flight are cut, their tokens kept), ``load()`` the new
         weights into the engines, publish ``version``, resume every gateway at it (cut generations
         continue under the new weights); ``drain``: wait for generations in flight instead of cutting
         them. See ``streams.weight_update``."""
+        from trajbus.streams.weight_update import GatewayUpdates  # HTTP: only for a trainer that updates
+
         updates = GatewayUpdates(gateways, api_key)
         try:
             return updates.run(version, load, self.publish, drain)

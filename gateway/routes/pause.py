@@ -12,7 +12,7 @@ from trajbus.gateway.schemas import PauseRequest, ResumeRequest
 from trajbus.gateway.service import GatewayService
 
 
-def updates_router(service: GatewayService, admin: list) -> APIRouter:
+def pause_router(service: GatewayService, admin: list) -> APIRouter:
     router = APIRouter(dependencies=admin)
     gate = service.updates
 
