@@ -96,6 +96,7 @@ class EpisodeScheduler:
         self._recorded: dict[int, int] = defaultdict(int)
         """group -> how many positions of its sequence are on the ledger."""
         self._group_locks: dict[int, threading.Lock] = defaultdict(threading.Lock)
+        self._write_lock = threading.Lock()
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         if ledger is not None:
@@ -133,7 +134,8 @@ class EpisodeScheduler:
             if ticket is None:
                 return None
             if self.ledger is not None and position >= self._recorded[group_id]:
-                self.ledger.write([self._dispatch(group_id, ticket, group_seed, group_size)])
+                with self._write_lock:  # one acknowledged write at a time: the ledger's view is not thread-safe
+                    self.ledger.write([self._dispatch(group_id, ticket, group_seed, group_size)])
                 self._recorded[group_id] = position + 1
             self._next[(group_id, env_id)] = position + 1
             return ticket

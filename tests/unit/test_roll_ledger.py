@@ -5,6 +5,8 @@ abandoned episodes again exactly once, with the same seed and a new uid."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,7 +30,8 @@ class RecordingAgent:
     def run_episode(self, env: Any, observation: Any, prompt_uid: str, n_rollouts: int,
                     metadata: dict[str, Any]) -> Episode:
         if self.ledger is not None:
-            assert prompt_uid in self.ledger.view.dispatched, "the dispatch is acknowledged before the agent runs"
+            recorded = {r.prompt_uid for r in list(self.ledger.records) if isinstance(r, Dispatch)}
+            assert prompt_uid in recorded, "the dispatch is acknowledged before the agent runs"
         self.seen.append((prompt_uid, observation.item["prompt"], metadata))
         return Episode(metadata["traj_id"], prompt_uid, 0.0, 1)
 
@@ -123,6 +126,26 @@ def test_a_second_crash_reissues_the_reissue_and_never_the_first_dispatch_again(
     assert [r.origin for r in ledger.records if isinstance(r, Dispatch) and r.source == "reissue"] == [
         "1_1_102", "1_1_102~1", "1_2_103"]
     assert parse_prompt_uid("1_1_102~2") == (1, 1, 102, 2) and parse_prompt_uid("p1234-e0-o1") is None
+
+
+def test_the_other_envs_of_a_group_wait_for_the_acknowledgement(dataset):
+    ledger, writing, order = FakeLedger(), threading.Event(), []
+    scheduler = EpisodeScheduler(ledger=ledger, dataset=dataset)
+    write = ledger.write
+
+    def slow_write(records: list) -> None:
+        writing.set()
+        time.sleep(0.2)
+        write(records)
+        order.append("acknowledged")
+
+    ledger.write = slow_write
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(scheduler.get_episode_id, 0, 0, group_seed=5)
+        assert writing.wait(5)
+        second = pool.submit(lambda: order.append(scheduler.get_episode_id(0, 1, group_seed=5)))
+        assert first.result() == 0 and second.result() is None
+    assert order == ["acknowledged", 0] and len(ledger.records) == 1
 
 
 def test_an_unacknowledged_dispatch_hands_nothing_out(dataset):
