@@ -18,9 +18,17 @@ resume), ``--updates`` times. Two runs, one after the other on the same broker:
 Per run: the trainer's wait per update (pause to resume), the generations cut,
 the tokens the engine sampled that no agent received (thrown away), the tokens
 kept at cuts (what an engine that drops a cut generation would have thrown away),
-and the tokens delivered per second. Prints a table, writes
-benchmarks/results/update.json. Uses TRAJBUS_BOOTSTRAP_SERVERS when set, else a
-throw-away embedded broker.
+and the tokens delivered per second.
+
+What streaming from the engine costs the gateway: to cut a generation, the gateway
+reads every call as a stream, also for a client that asked for one JSON answer.
+Second table: the gateway's CPU per non-streaming call (300-token replies of an
+instant scripted engine, 8 calls at once, ``benchmarks.cpu_meter``) with
+``--engine-streaming always`` (the default) against ``when-asked`` (the engine's one
+JSON answer, which an update cannot cut), in the same run.
+
+Prints two tables, writes benchmarks/results/update.json. Uses
+TRAJBUS_BOOTSTRAP_SERVERS when set, else a throw-away embedded broker.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import aiohttp
 import httpx
 
 from benchmarks.assembly_bench import RESULTS
+from benchmarks.cpu_meter import CpuMeter
 from trajbus.consumers import BatchConsumer
 from trajbus.infra import tiny_model
 from trajbus.infra.kafka_broker import EmbeddedKafka
@@ -176,13 +185,64 @@ def main(argv: list[str] | None = None) -> None:
                 broker = EmbeddedKafka(state_dir=Path(workdir) / "broker")
                 servers = broker.start().bootstrap_servers
             runs = [measure(mode, servers, Path(workdir), tiny_model.build(), args) for mode in MODES]
+            costs = [stream_cost(streaming, servers, Path(workdir), tiny_model.build())
+                     for streaming in STREAMING]
         finally:
             if broker is not None:
                 broker.stop()
-    report(runs, args)
+    report(runs, costs, args)
 
 
-def report(runs: list[dict], args: argparse.Namespace) -> None:
+STREAMING = ("when-asked", "always")
+COST_CALLS, COST_WARMUP, COST_CONCURRENCY, COST_TOKENS = 400, 40, 8, 300
+
+
+async def _calls(gateway: str, count: int, concurrency: int) -> None:
+    """``count`` one-call trajectories, ``concurrency`` at once, each answer read whole."""
+    limit = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession() as client:
+        async def one() -> None:
+            async with limit:
+                async with client.post(f"{gateway}/init_trajectory", json={}) as response:
+                    base_url = (await response.json())["base_url"]
+                async with client.post(f"{base_url}/chat/completions",
+                                       json={"messages": [{"role": "user", "content": "Hi."}]}) as response:
+                    if response.status != 200:
+                        raise RuntimeError(f"{response.status}: {await response.text()}")
+                    await response.read()
+
+        await asyncio.gather(*(one() for _ in range(count)))
+
+
+def stream_cost(streaming: str, servers: str, workdir: Path, model_dir: Path) -> dict:
+    """The gateway's CPU per non-streaming call with ``--engine-streaming`` ``streaming``."""
+    prefix = f"bench-stream-{streaming}-{uuid.uuid4().hex[:6]}"
+    with StepProducer(servers, prefix=prefix) as producer:
+        producer.provision("train")
+    engine_port, gateway_port = free_port(), free_port()
+    reply = (SENTENCE * (COST_TOKENS // len(SENTENCE) + 1))[:COST_TOKENS - 1]  # + EOS
+    engine = scripted_engine_process(engine_port, workdir, model_dir, [reply]).start()
+    gateway = gateway_process(servers, prefix, [f"127.0.0.1:{engine_port}"], model_dir, gateway_port,
+                              workdir / f"state-{streaming}", workdir / f"gateway-{streaming}.log",
+                              ["--engine-streaming", streaming]).start()
+    try:
+        url = f"http://127.0.0.1:{gateway_port}"
+        wait_http(f"http://127.0.0.1:{engine_port}/health", 120, engine)
+        wait_http(f"{url}/ready", 120, gateway)
+        asyncio.run(_calls(url, COST_WARMUP, COST_CONCURRENCY))
+        meter = CpuMeter({"gateway": gateway.pid})
+        before = meter.snapshot()
+        asyncio.run(_calls(url, COST_CALLS, COST_CONCURRENCY))
+        phase = meter.since(before)
+        return {"engine_streaming": streaming, "calls": COST_CALLS, "reply_tokens": COST_TOKENS,
+                "gateway_cpu_ms_per_call": 1000 * phase.cpu_s["gateway"] / COST_CALLS,
+                "wall_ms_per_call": 1000 * phase.wall_s / COST_CALLS}
+    finally:
+        gateway.stop()
+        engine.stop()
+
+
+def report(runs: list[dict], costs: list[dict], args: argparse.Namespace) -> None:
     print(f"\nweight updates while {args.agents} agents generate {args.tokens}-token replies "
           f"({args.token_delay * 1000:g} ms a token), {args.updates} updates, {args.groups_per_step} groups a step")
     rows = []
@@ -198,8 +258,16 @@ def report(runs: list[dict], args: argparse.Namespace) -> None:
     drain, cut = runs
     ratio = cut["wait_mean_s"] / drain["wait_mean_s"] if drain["wait_mean_s"] else float("nan")
     print(f"trainer wait per update, cut-and-continue / drain: {ratio:.3f}x")
+    print(f"\nthe gateway's CPU per non-streaming call ({costs[0]['reply_tokens']}-token replies, instant engine, "
+          f"{COST_CONCURRENCY} calls at once, {COST_CALLS} calls)")
+    print_table(["--engine-streaming", "gateway CPU ms/call", "wall ms/call"],
+                [[c["engine_streaming"], f"{c['gateway_cpu_ms_per_call']:.2f}", f"{c['wall_ms_per_call']:.2f}"]
+                 for c in costs])
+    cost_ratio = costs[1]["gateway_cpu_ms_per_call"] / costs[0]["gateway_cpu_ms_per_call"]
+    print(f"gateway CPU per call, always / when-asked: {cost_ratio:.2f}x")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "update.json").write_text(json.dumps({"arguments": vars(args), "runs": runs, "wait_ratio": ratio},
+    (RESULTS / "update.json").write_text(json.dumps({"arguments": vars(args), "runs": runs, "wait_ratio": ratio,
+                                                     "stream_cost": costs, "stream_cost_ratio": cost_ratio},
                                                     indent=2))
 
 
