@@ -36,9 +36,11 @@ from trajbus.pipelines.demo_config import DemoConfig, load_demo_config
 from trajbus.pipelines.env_manager import EnvConfig, EnvManager, EpisodeScheduler
 from trajbus.pipelines.envs import CalculatorEnv, MathEnv
 from trajbus.pipelines.global_dataset import GlobalDataset
+from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.processes import (ServiceProcess, free_port, gateway_process, inference_server_process,
                                          wait_http, worker_process)
 from trajbus.pipelines.report import VersionRecord, drops_from_stats, summary_table, write_plot
+from trajbus.pipelines.training_state import TrainingState
 from trajbus.streams.policy import PolicyVersionPublisher
 from trajbus.streams.producer import StepProducer
 from trajbus.streams.stats import read_snapshots, summarize
@@ -51,10 +53,14 @@ def say(stage: int, text: str) -> None:
 
 
 class Rollouts:
-    """The env managers, each on its own thread, rolling out until stopped."""
+    """The env managers, each on its own thread, rolling out until stopped; every group's episode is
+    recorded on the prompt ledger before its envs start it."""
 
-    def __init__(self, config: DemoConfig, gateway: str, tokenizer_path: Path, version: list[int]) -> None:
-        self.scheduler = EpisodeScheduler()
+    def __init__(self, config: DemoConfig, gateway: str, tokenizer_path: Path, version: list[int],
+                 ledger: PromptLedger) -> None:
+        self.ledger = ledger
+        """Owned: closed by ``stop``."""
+        self.scheduler = EpisodeScheduler(ledger=ledger)
         self.managers: list[EnvManager] = []
         sampling = {"temperature": config.rollout.temperature, "max_tokens": config.rollout.max_tokens}
         env_id = 0
@@ -88,6 +94,7 @@ class Rollouts:
         self.pool.shutdown(wait=True, cancel_futures=True)  # episodes in flight finish (bounded by max_turns)
         for manager in self.managers:
             manager.agent.close()
+        self.ledger.close()
 
 
 @dataclass
@@ -140,7 +147,9 @@ def train(config: DemoConfig, bootstrap_servers: str, prefix: str, policy_dir: P
                           pad_token_id=0, row_mode="trajectory", temperature=config.rollout.temperature)
     records: list[VersionRecord] = []
     rewards_by_rollout_version: dict[int, list[float]] = defaultdict(list)
-    with BatchConsumer("train", bootstrap_servers, prefix=prefix, backend=backend) as consumer:
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix, backend=backend) as consumer, \
+            PromptLedger(bootstrap_servers, "train", prefix) as ledger:
+        state = TrainingState(consumer, ledger)  # a real trainer saves state.state_dict() in its checkpoint
         while version[0] < config.policy_versions:
             step_started = time.monotonic()
             batch = consumer.fetch_dataproto(config.trainer.groups_per_step, timeout=config.trainer.fetch_timeout,
@@ -163,7 +172,8 @@ def train(config: DemoConfig, bootstrap_servers: str, prefix: str, policy_dir: P
                                          time.monotonic() - step_started, waited))
             say(5, f"policy v{version[0]}: policy loss {report.loss:+.2e}, nll {report.nll:.4f}, "
                    f"batch reward {report.reward:.3f}, {report.rows} rows, staleness {stale.mean():.2f}, "
-                   f"{rollouts.episodes()} episodes so far")
+                   f"{rollouts.episodes()} episodes so far, {state.depth()} prompt groups dispatched and "
+                   f"not yet trained")
 
     return records, rewards_by_rollout_version
 
@@ -206,7 +216,8 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
         server_url, gateway_url = start_services(config, bootstrap_servers, prefix, workdir, policy_dir, services)
         say(3, f"gateway ready at {gateway_url} (logs in {workdir}: demo.log and one per service)")
 
-        rollouts = Rollouts(config, gateway_url, policy_dir, version)
+        ledger = PromptLedger(bootstrap_servers, "train", prefix, policy_version=lambda: version[0])
+        rollouts = Rollouts(config, gateway_url, policy_dir, version, ledger)
         say(4, f"rolling out: {len(rollouts.managers)} env managers in {len(config.rollout.env_groups)} groups")
         rollouts.start()
 
