@@ -111,3 +111,38 @@ def test_a_bad_ledger_record_goes_to_the_dlq_and_another_dataset_is_refused(boot
             pytest.raises(LedgerError, match=r"^dataset: the prompt ledger was written for dataset \w+/4 "
                                              r"\(fingerprint/size\), this data source reads \w+/5$"):
         RolloutDataSource(DataSourceArgs(prompt_data=str(files[1]), n_samples_per_prompt=2), ledger=ledger)
+
+
+def test_roll_scheduler_resumes_from_the_ledger_and_the_worker_settles_what_was_open(
+        bootstrap_servers, prefix, start_worker):
+    from trajbus.consumers import BatchConsumer
+    from trajbus.pipelines.env_manager import EpisodeScheduler, roll_prompt_uid
+    from trajbus.streams.producer import StepProducer
+    from trajbus.streams.topics import TopicSettings
+
+    start_worker(n_rollouts=2)
+
+    def roll_out(producer: StepProducer, prompt_uid: str, env_id: int) -> None:
+        uid = f"{prompt_uid}_{env_id}"
+        producer.submit_steps([{"prompt_ids": [1, 2], "response_ids": [3], "trajectory_uid": uid,
+                                "prompt_uid": prompt_uid, "step_index": 0, "n_rollouts": 2}])
+        producer.complete_trajectory(uid, prompt_uid, reward=1.0, n_rollouts=2)
+
+    with StepProducer(bootstrap_servers, settings=TopicSettings(prefix=prefix)) as producer, \
+            BatchConsumer("train", bootstrap_servers, prefix=prefix, rank=0, world_size=1) as trainer:
+        with PromptLedger(bootstrap_servers, "train", prefix) as ledger:
+            before = EpisodeScheduler(episodes_per_group=2, ledger=ledger)
+            first = [before.next_episode(0, env, group_seed=40, group_size=2) for env in (0, 1)]
+            assert [t.episode_id for t in first] == [0, 0], "one dispatch, both envs of the group"
+            roll_out(producer, roll_prompt_uid(0, 0, 40), 0)  # env 1 dies before its rollout ends
+        with PromptLedger(bootstrap_servers, "train", prefix) as ledger:
+            after = EpisodeScheduler(episodes_per_group=2, ledger=ledger)  # abandons 0_0_40, settled by the worker
+            assert ledger.view.dropped_for(roll_prompt_uid(0, 0, 40)) == "abandoned"
+            tickets = [after.next_episode(0, env, group_seed=40, group_size=2) for env in (0, 1)]
+            assert [(t.episode_id, t.attempt, t.seed) for t in tickets] == [(0, 1, 40)] * 2, "same seed, once"
+            for env in (0, 1):
+                roll_out(producer, roll_prompt_uid(0, 0, 40, attempt=1), env)
+            assert [after.next_episode(0, env, group_seed=40, group_size=2).episode_id for env in (0, 1)] == [1, 1]
+        group = trainer.fetch_group(timeout=60)
+        assert group is not None and group.prompt_uid == "0_0_40~1"
+        assert sorted(group.trajectory_uids) == ["0_0_40~1_0", "0_0_40~1_1"], "the abandoned rollout never arrives"
