@@ -11,7 +11,7 @@ import torch
 from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.off_policy import importance_weights
 from trajbus.streams import codec
-from trajbus.streams.records import CONTINUES, ReadyGroup, Step
+from trajbus.streams.records import ReadyGroup, Step
 from trajbus.streams.versions import Segments, check_version_segments, token_versions
 
 
@@ -102,7 +102,6 @@ def test_trajectory_rows_give_tokens_between_turns_the_next_steps_version():
         batch = convert(VerlBackend(4, 8, row_mode="trajectory"), [first, second])
         assert batch.batch["token_policy_version"].tolist() == [[3, 3, 4, 4, 4, 4, 4, 4]]
         assert batch.batch["response_mask"].tolist() == [[1, 1, 1, 1, 1, 0, 0, 1]]
-    assert CONTINUES not in second.metadata
 
 
 def test_segment_level_weights_take_one_ratio_per_version_run():
