@@ -214,3 +214,31 @@ def test_a_call_read_as_one_answer_is_waited_for_not_cut(bootstrap_servers, pref
     assert len(received(record)) == 1
     events = decode_step_events(read_to_end(bootstrap_servers, steps_topic("train", prefix)))
     assert [(e.policy_version, e.version_segments) for e in events] == [(0, None)]
+
+
+def test_each_choice_of_an_n_2_call_continues_on_its_own(
+        bootstrap_servers, prefix, scripted_engine, start_gateway, tiny_model_dir):
+    """The engine samples choice 0 first: the cut finds it part-way and choice 1 not begun. Choice 0
+    continues its reply; choice 1 is sampled whole by the new version (one run, not policy_version's)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    second = "A second choice."
+    engine, record = scripted_engine([{"text": LONG, "token_delay": DELAY}, second])
+    gateway, _ = start_gateway([engine], ["--response-length", "256"])
+    trajectory = httpx.post(f"{gateway}/init_trajectory", json={"prompt_uid": "choices", "n_rollouts": 2}).json()
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(agent(trajectory["base_url"]).chat.completions.create, model="m", messages=ASKED, n=2)
+        wait_for(lambda: in_flight(gateway) == 1, 30, "the generation to start")
+        wait_for(lambda: record.exists() and received(record), 30, "the engine to take the call")
+        assert httpx.post(f"{gateway}/admin/pause").json()["cut"] == 1
+        assert httpx.post(f"{gateway}/admin/resume", json={"version": 2}).status_code == 200
+        reply = call.result()
+    assert [c.message.content for c in reply.choices] == [LONG, second]
+    done = httpx.post(f"{trajectory['base_url']}/complete_trajectory", json={"reward": 0.5}).json()
+    assert done["steps"] == 2
+    events = decode_step_events(read_to_end(bootstrap_servers, steps_topic("train", prefix)))
+    first, other = sorted((e for e in events if isinstance(e, Step)), key=lambda s: s.step_index)
+    assert first.response_ids == noncanonical_ids(tokenizer, LONG) + [tokenizer.eos_token_id]
+    assert first.policy_version == other.policy_version == 0
+    assert first.version_segments[0] == [0, 0] and first.version_segments[1][1] == 2
+    assert other.version_segments == [[0, 2]]
+    assert len(received(record)) == 3  # the call, then one continuation per choice
