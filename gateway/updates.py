@@ -121,9 +121,10 @@ class UpdateGate:
         """A new engine call during a pause: held up to ``wait`` seconds, else 429 (503 past the limit)."""
         if not self.paused:
             return
-        if await self._wait(min(wait, max(self.remaining(), 0.0))):
+        limit = max(self.remaining(), 0.0)
+        if await self._wait(min(wait, limit)):
             return
-        if self.remaining() <= 0:
+        if wait >= limit:  # the pause limit, not the caller's wait, ended the hold
             raise self.too_long()
         raise GatewayError(429, "generation is paused for a weight update; retry shortly, or call with "
                                 "?wait=SECONDS to be held until it resumes", type_="rate_limit_error",

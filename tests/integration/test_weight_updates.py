@@ -225,14 +225,18 @@ def test_each_choice_of_an_n_2_call_continues_on_its_own(
     engine, record = scripted_engine([{"text": LONG, "token_delay": DELAY}, second])
     gateway, _ = start_gateway([engine], ["--response-length", "256"])
     trajectory = httpx.post(f"{gateway}/init_trajectory", json={"prompt_uid": "choices", "n_rollouts": 2}).json()
-    with ThreadPoolExecutor(1) as pool:
-        call = pool.submit(agent(trajectory["base_url"]).chat.completions.create, model="m", messages=ASKED, n=2)
-        wait_for(lambda: in_flight(gateway) == 1, 30, "the generation to start")
-        wait_for(lambda: record.exists() and received(record), 30, "the engine to take the call")
-        assert httpx.post(f"{gateway}/admin/pause").json()["cut"] == 1
-        assert httpx.post(f"{gateway}/admin/resume", json={"version": 2}).status_code == 200
-        reply = call.result()
-    assert [c.message.content for c in reply.choices] == [LONG, second]
+    texts = ["", ""]
+    stream = agent(trajectory["base_url"]).chat.completions.create(model="m", messages=ASKED, n=2, stream=True)
+    for chunk in stream:  # a few tokens of choice 0 in, the update
+        texts[chunk.choices[0].index] += chunk.choices[0].delta.content or ""
+        if len(texts[0]) >= 5:
+            break
+    assert httpx.post(f"{gateway}/admin/pause").json()["cut"] == 1
+    assert httpx.post(f"{gateway}/admin/resume", json={"version": 2}).status_code == 200
+    for chunk in stream:
+        if chunk.choices:
+            texts[chunk.choices[0].index] += chunk.choices[0].delta.content or ""
+    assert texts == [LONG, second]
     done = httpx.post(f"{trajectory['base_url']}/complete_trajectory", json={"reward": 0.5}).json()
     assert done["steps"] == 2
     events = decode_step_events(read_to_end(bootstrap_servers, steps_topic("train", prefix)))
