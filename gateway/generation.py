@@ -83,8 +83,11 @@ class Generation:
             raise
         self._opened = [(stream, list(range(len(self.choices))))]
 
-    def cut(self) -> list[asyncio.Task]:
-        """``gateway.updates``: stop reading (the engine stops at its next token); the readers to await."""
+    def cut(self) -> list[asyncio.Task] | None:
+        """``gateway.updates``: stop reading (the engine stops at its next token); the readers to await
+        (none while it connects), or None when it was cut already and waits for the resume."""
+        if self._cut:
+            return None
         self._cut = True
         tasks = [task for task in self._tasks if not task.done()]
         for task in tasks:

@@ -39,8 +39,8 @@ class Cuttable(Protocol):
     cuttable: bool
     """False for one read as a single JSON answer (``--engine-streaming when-asked``): a pause waits for it."""
 
-    def cut(self) -> list[asyncio.Task]:
-        """Stop at the engine now; the tasks to await until its streams are closed."""
+    def cut(self) -> list[asyncio.Task] | None:
+        """Stop at the engine now; the tasks to await until its streams are closed (None: cut already)."""
 
 
 class UpdateGate:
@@ -89,9 +89,9 @@ class UpdateGate:
             self.metrics.paused.set(1)
         cut = 0
         if not drain:
-            readers = [generation.cut() for generation in list(self.running) if generation.cuttable]
+            readers = [tasks for g in list(self.running) if g.cuttable and (tasks := g.cut()) is not None]
             await asyncio.gather(*(task for tasks in readers for task in tasks), return_exceptions=True)
-            cut = sum(1 for tasks in readers if tasks)
+            cut = len(readers)
         await self._until_ended(drain)
         return {"paused": True, "cut": cut, "in_flight": len(self.running),
                 "paused_seconds": round(time.monotonic() - self.paused_at, 3),

@@ -19,11 +19,12 @@ class Reader:
         self.cuts = 0
         self.cuttable = cuttable
 
-    def cut(self) -> list[asyncio.Task]:
+    def cut(self) -> list[asyncio.Task] | None:
         self.cuts += 1
-        reading = [self.task] if not self.task.done() else []
+        if self.task.done():
+            return None  # cut already: waits for the resume
         self.task.cancel()
-        return reading
+        return [self.task]
 
 
 def gate(max_pause: float = 30.0) -> UpdateGate:
