@@ -29,6 +29,21 @@ def rank_of(prompt_uid: str, world_size: int) -> int:
     return zlib.crc32(prompt_uid.encode()) % world_size
 
 
+def to_device(batch: Any, device: Any) -> Any:
+    """``batch`` (a DataProto) with its tensors on ``device``: each staged in pinned host memory and copied
+    without blocking, then one wait on the device's stream (``benchmarks/convert_bench.py`` times it). On
+    the CPU the batch is returned as it is."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cpu":
+        return batch
+    for key in list(batch.batch.keys()):
+        batch.batch[key] = batch.batch[key].pin_memory().to(device, non_blocking=True)
+    torch.cuda.current_stream(device).synchronize()
+    return batch
+
+
 class BatchWorker:
     """One rank's feeder; ``make_batch_workers`` starts them as Ray actors."""
 
@@ -57,14 +72,7 @@ class BatchWorker:
         return None if batch is None else self.to_device(batch)
 
     def to_device(self, batch: Any) -> Any:
-        if self.device.type == "cpu":
-            return batch
-        for key in list(batch.batch.keys()):
-            batch.batch[key] = batch.batch[key].pin_memory().to(self.device, non_blocking=True)
-        import torch
-
-        torch.cuda.current_stream(self.device).synchronize()
-        return batch
+        return to_device(batch, self.device)
 
     def commit(self) -> None:
         self.consumer.commit()
