@@ -53,6 +53,7 @@ from trajbus.streams.prefix import StepDelta, step_of
 from trajbus.streams.positions import SourcePositions
 from trajbus.streams.queue_bound import bound_queues
 from trajbus.streams.recovery import PartitionRecovery
+from trajbus.streams.recovery_watch import RecoveryWatch
 from trajbus.streams.records import Step, TrajectoryEnd
 from trajbus.streams.settings import WorkerSettings
 from trajbus.streams.state_keys import SourceRecord, StateKey, read_range
@@ -391,6 +392,12 @@ def build_app(bootstrap_servers: str, settings: WorkerSettings, datadir: Path) -
             raise
         except Exception:  # noqa: BLE001 - periodic work retries next second; assembly goes on
             log.exception("periodic work failed; retrying in a second")
+
+    watch = RecoveryWatch(app.tables.recovery)
+
+    @app.timer(5.0)
+    async def watch_recovery() -> None:
+        watch.check()
 
     @app.on_partitions_revoked.connect
     async def forget_positions_on_revoke(app: faust.App, revoked: set, **kwargs: Any) -> None:
