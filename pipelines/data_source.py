@@ -162,8 +162,12 @@ class RolloutDataSource:
         if self.ledger is None:
             return group, None
         epoch = self.epoch_id if epoch is None else epoch
-        prompt_uid = {"dataset": f"p{self.dataset_id[:8]}-e{epoch}-o{offset}" if offset >= 0
-                      else f"s{group[0].index}", "buffer": f"b{origin or uuid.uuid4().hex[:16]}"}.get(source) or _next_attempt(origin)
+        if source == "reissue":
+            prompt_uid = _next_attempt(origin)
+        elif source == "buffer":
+            prompt_uid = f"b{origin or uuid.uuid4().hex[:16]}"
+        else:  # a dataset position names the prompt; without a dataset, its first sample does
+            prompt_uid = f"p{self.dataset_id[:8]}-e{epoch}-o{offset}" if offset >= 0 else f"s{group[0].index}"
         for sample in group:
             sample.prompt_uid = prompt_uid
         return group, Dispatch(prompt_uid, self.ledger.channel, len(group), self.dataset_id, epoch, offset,
