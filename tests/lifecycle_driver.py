@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,16 @@ from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.training_state import TrainingState
 from trajbus.streams.producer import StepProducer
 from trajbus.streams.topics import TopicSettings
+
+
+_SAY = threading.Lock()
+
+
+def say(line: str) -> None:
+    """One whole line on stdout (print from several threads can interleave its text and newline)."""
+    with _SAY:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def prompt_of(prompt_uid: str) -> int:
@@ -41,7 +52,7 @@ def roll_out(producer: StepProducer, sample: Sample, rollout: int, seconds: floa
                             "trajectory_uid": uid, "prompt_uid": sample.prompt_uid, "step_index": 0,
                             "rollout_log_probs": [-0.1, -0.2, -0.3], "n_rollouts": 2}])
     producer.complete_trajectory(uid, sample.prompt_uid, reward=float(rollout), n_rollouts=2)
-    print(f"rollout {sample.prompt_uid} {rollout}", flush=True)
+    say(f"rollout {sample.prompt_uid} {rollout}")
 
 
 def drive(options: argparse.Namespace) -> None:
@@ -57,14 +68,14 @@ def drive(options: argparse.Namespace) -> None:
         while source.due or (source.epoch_id == 0 and source.sample_offset < size):
             slots.acquire()
             group = source.get_samples(1)[0]
-            print(f"dispatched {group[0].prompt_uid}", flush=True)
+            say(f"dispatched {group[0].prompt_uid}")
             rollouts = [pool.submit(roll_out, producer, sample, i, options.seconds) for i, sample in enumerate(group)]
             running += rollouts
             threading.Thread(target=lambda r=rollouts: ([f.result() for f in r], slots.release()),
                              daemon=True).start()
         for rollout in running:
             rollout.result()
-    print("handed out", flush=True)
+    say("handed out")
 
 
 def train(options: argparse.Namespace) -> None:
@@ -85,7 +96,7 @@ def train(options: argparse.Namespace) -> None:
                     tmp = checkpoint.with_suffix(".tmp")
                     tmp.write_text(json.dumps({"state": state.state_dict(), "trained": trained}))
                     os.replace(tmp, checkpoint)
-                    print(f"checkpoint {len(trained)}", flush=True)
+                    say(f"checkpoint {len(trained)}")
                 continue
             ledger.refresh()
             view = ledger.view
@@ -95,7 +106,7 @@ def train(options: argparse.Namespace) -> None:
                     {"trained": trained, "drops": {uid: view.dropped_for(uid) for uid in view.dispatched
                                                    if view.dropped_for(uid) is not None},
                      "depth": state.depth()}))
-                print("done", flush=True)
+                say("done")
                 return
 
 
