@@ -31,10 +31,10 @@ from trajbus.consumers.backends import TrainingBackend
 from trajbus.consumers.rows import check_group
 from trajbus.streams import codec
 from trajbus.streams.chunks import ChunkReader
-from trajbus.streams.dlq import dlq_headers
+from trajbus.streams.dlq import dead_letter
 from trajbus.streams.prefix import StructuredGroup
 from trajbus.streams.records import ReadyGroup, Step
-from trajbus.streams.topics import DEFAULT_PREFIX, dlq_topic, groups_topic, trainer_group_id, validate_channel
+from trajbus.streams.topics import DEFAULT_PREFIX, groups_topic, trainer_group_id, validate_channel
 
 log = logging.getLogger(__name__)
 
@@ -288,13 +288,7 @@ class BatchConsumer:
             reason = f"undecodable: {exc}"
         if self._dlq is None:
             self._dlq = acked_producer(self.bootstrap_servers, {"logger": log})
-        self._dlq.produce(dlq_topic(self.prefix), key=message.key(), value=message.value(),
-                          headers=dlq_headers(message.headers(), reason, message.topic(),
-                                              message.partition(), message.offset()))
-        if self._dlq.flush(30):
-            raise RuntimeError(f"could not write {message.topic()}@{message.offset()} to the DLQ")
-        log.warning("dlq topic=%s partition=%d offset=%d reason=%s",
-                    message.topic(), message.partition(), message.offset(), reason)
+        dead_letter(self._dlq, self.prefix, message, reason, log)
         return None
 
     def commit(self) -> None:

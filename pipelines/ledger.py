@@ -19,11 +19,12 @@ from prometheus_client import Counter, Gauge
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.clients import acked_producer, reader
 from trajbus.infra.topics import watermarks
-from trajbus.streams.dlq import dlq_headers
+from trajbus.streams.delivery import produce_acked
+from trajbus.streams.dlq import dead_letter
 from trajbus.streams.ledger import (ABANDON, ABANDON_TRAJECTORY, CONTENT_TYPE, Dispatch, LedgerError, LedgerView,
                                     Record, decode_record, encode_record)
 from trajbus.streams.producer import StepProducer
-from trajbus.streams.topics import DEFAULT_PREFIX, TopicSettings, dlq_topic, prompts_topic, validate_channel
+from trajbus.streams.topics import DEFAULT_PREFIX, TopicSettings, prompts_topic, validate_channel
 
 log = logging.getLogger("trajbus.ledger")
 
@@ -87,26 +88,15 @@ class PromptLedger:
             try:
                 self.view.apply(decode_record(message.key(), message.value()))
             except LedgerError as exc:
-                self._to_dlq(message, str(exc))
+                dead_letter(self._acked(), self.prefix, message, f"undecodable: {exc}", log, self.timeout)
         OPEN.labels(self.channel).set(len(self.view.open()))
         return read
 
     def write(self, records: list[Record]) -> None:
         """Append ``records`` in order and wait for the broker's acknowledgement of every one."""
-        producer = self._acked()
-        errors: list[str] = []
-
-        def delivered(error: KafkaError | None, _message: object) -> None:
-            if error is not None:
-                errors.append(error.str())
-
         headers = [("content-type", CONTENT_TYPE.encode())]
-        for record in records:
-            key, value = encode_record(record)
-            producer.produce(self.topic, key=key, value=value, headers=headers, on_delivery=delivered)
-        if producer.flush(self.timeout) or errors:
-            raise RuntimeError(f"{self.topic}: {len(records)} ledger records not acknowledged: "
-                               f"{errors[:1] or 'timed out'}")
+        produce_acked(self._acked(), self.topic, [(*encode_record(record), headers) for record in records],
+                      self.timeout)
         for record in records:
             self.view.apply(record)
             if isinstance(record, Dispatch):
@@ -147,15 +137,6 @@ class PromptLedger:
         if self._steps is None:
             self._steps = StepProducer(self.bootstrap_servers, settings=TopicSettings(prefix=self.prefix))
         return self._steps
-
-    def _to_dlq(self, message, reason: str) -> None:
-        producer = self._acked()
-        producer.produce(dlq_topic(self.prefix), key=message.key(), value=message.value(),
-                         headers=dlq_headers(message.headers(), f"undecodable: {reason}", message.topic(),
-                                             message.partition(), message.offset()))
-        if producer.flush(self.timeout):
-            raise RuntimeError(f"could not write {message.topic()}@{message.offset()} to the DLQ")
-        log.warning("dlq topic=%s offset=%d reason=%s", message.topic(), message.offset(), reason)
 
     def close(self) -> None:
         self._reader.close()

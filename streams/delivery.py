@@ -153,3 +153,16 @@ class Poller:
             self.changed.notify()
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join()
+
+
+def produce_acked(producer: Any, topic: str, records: list[tuple[bytes | None, bytes | None, list]],
+                  timeout: float = 30.0) -> None:
+    """Produce ``records`` (key, value, headers) on a producer of the caller's own and return once the broker
+    acknowledged every one (``DeliveryError`` otherwise): for the few records of a ledger write, a dead
+    letter or a policy version, where a flush is the wait."""
+    acks = Acks(len(records))
+    for key, value, headers in records:
+        producer.produce(topic, key=key, value=value, headers=headers, on_delivery=acks)
+    if producer.flush(timeout):
+        raise acks.late(topic, timeout)
+    acks.raise_errors(topic)

@@ -6,7 +6,12 @@ these headers instead of dropping it, so nothing malformed disappears silently.
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import Any
+
+from trajbus.streams.delivery import produce_acked
+from trajbus.streams.topics import dlq_topic
 
 REASON = "trajbus-dlq-reason"
 SOURCE_TOPIC = "trajbus-dlq-source-topic"
@@ -29,3 +34,13 @@ def dlq_headers(original: list[tuple[str, bytes]] | dict | None, reason: str, to
         (SOURCE_OFFSET, str(offset).encode()),
         (AT, f"{time.time():.3f}".encode()),
     ]
+
+
+def dead_letter(producer: Any, prefix: str, message: Any, reason: str, log: logging.Logger,
+                timeout: float = 30.0) -> None:
+    """Copy a record read with confluent-kafka (``message``) to ``{prefix}.dlq`` with why and where from,
+    acknowledged, and say so in a log line."""
+    headers = dlq_headers(message.headers(), reason, message.topic(), message.partition(), message.offset())
+    produce_acked(producer, dlq_topic(prefix), [(message.key(), message.value(), headers)], timeout)
+    log.warning("dlq topic=%s partition=%d offset=%d reason=%s",
+                message.topic(), message.partition(), message.offset(), reason)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from confluent_kafka import TopicPartition
 from trajbus.infra.clients import acked_producer, reader
 
+from trajbus.streams.delivery import produce_acked
 from trajbus.streams.topics import DEFAULT_PREFIX, policy_topic
 
 if TYPE_CHECKING:
@@ -62,14 +63,9 @@ class PolicyVersionPublisher:
         self._producer = acked_producer(bootstrap_servers, {"logger": log})
 
     def publish(self, version: int) -> None:
-        errors: list = []
-        self._producer.produce(self.topic, key=self.key.encode(), value=encode_policy_version(version),
-                               headers=[("content-type", CONTENT_TYPE.encode())],
-                               on_delivery=lambda error, _message: errors.append(error) if error else None)
-        if self._producer.flush(self.timeout):
-            raise RuntimeError(f"policy version {version} not acknowledged within {self.timeout}s")
-        if errors:  # e.g. the policy topic does not exist: provision the channel first
-            raise RuntimeError(f"policy version {version} not published to {self.topic}: {errors[0].str()}")
+        # A refusal (e.g. the policy topic does not exist: provision the channel first) is a DeliveryError.
+        produce_acked(self._producer, self.topic, [(self.key.encode(), encode_policy_version(version),
+                                                    [("content-type", CONTENT_TYPE.encode())])], self.timeout)
 
     def update(self, version: int, load: Callable[[], object] | None = None, gateways: Sequence[str] = (),
                api_key: str | None = None, drain: bool = False) -> "UpdateReport":
