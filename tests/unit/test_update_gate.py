@@ -27,6 +27,14 @@ class Reader:
         return [self.task]
 
 
+async def until(condition, what: str, timeout: float = 5.0) -> None:
+    """Let the loop run until ``condition`` holds (the pause's own steps happen between two yields)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0)
+
+
 def gate(max_pause: float = 30.0) -> UpdateGate:
     return UpdateGate(max_pause, GatewayMetrics("test", "http://test"))
 
@@ -86,7 +94,7 @@ def test_drain_waits_for_the_generations_in_flight_instead_of_cutting_them():
         running = Reader()
         updates.enter(running)
         pausing = asyncio.create_task(updates.pause(drain=True))
-        await asyncio.sleep(0.05)
+        await until(lambda: updates.paused, "the pause to begin")  # it then waits for the generation to leave
         assert not pausing.done() and running.cuts == 0
         updates.leave(running)
         assert (await pausing)["cut"] == 0
@@ -102,8 +110,8 @@ def test_a_generation_read_as_one_answer_is_waited_for_not_cut():
         updates.enter(streamed)
         updates.enter(whole)
         pausing = asyncio.create_task(updates.pause())
-        await asyncio.sleep(0.05)
-        assert streamed.task.cancelled() and not pausing.done() and whole.cuts == 0
+        await until(streamed.task.cancelled, "the streamed generation to be cut")
+        assert not pausing.done() and whole.cuts == 0
         updates.leave(whole)
         assert (await pausing)["cut"] == 1
         whole.task.cancel()
