@@ -217,15 +217,6 @@ class LedgerView:
         outcome = self.outcomes.get(prompt_uid)
         return outcome.reason if outcome is not None and outcome.outcome == DROPPED else None
 
-    def drops(self) -> dict[str, int]:
-        """Dropped groups of this ledger's dispatches by reason, abandoned ones (dispatched again) aside."""
-        counts: dict[str, int] = {}
-        for uid in self.dispatched:
-            reason = self.dropped_for(uid)
-            if reason is not None and reason != ABANDONED:
-                counts[reason] = counts.get(reason, 0) + 1
-        return counts
-
     def untrained(self, positions: dict[int, int]) -> int:
         """Dispatched and not yet trained: not settled, or emitted at or past the trainer's ``positions``
         (groups partition -> offset after its last trained group). A drop settles a prompt (an

@@ -89,7 +89,7 @@ def test_the_fold_knows_what_is_open_due_again_untrained_and_dropped():
         view.apply(record)
     assert [d.prompt_uid for d in view.open()] == ["u4", "u3~1"]
     assert view.due_again() == [] and view.root("u3~1").prompt_uid == "u3"
-    assert view.drops() == {"equal_rewards": 1}
+    assert [view.dropped_for(f"u{i}") for i in range(5)] == [None, None, "equal_rewards", ABANDONED, None]
     assert view.untrained({0: 1}) == 3  # u1 (at offset 1, not yet trained), u4 and u3~1
     assert (view.last_from_dataset.prompt_uid, view.max_sample_index) == ("u4", 9)
     with pytest.raises(LedgerError, match=r"dataset d/9 .* reads other/3"):
