@@ -1,0 +1,51 @@
+"""The settings of trajbus's verl queue, declared once: each is a ``TRAJBUS_VERL_<NAME>`` variable.
+
+verl's command line belongs to verl (hydra), so the queue is chosen and tuned by environment
+variables, which verl's Ray workers inherit from the launching shell on a local cluster (on a
+cluster started apart, pass them with ``+ray_kwargs.ray_init.runtime_env.env_vars``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from trajbus.infra.declared import resolve, setting
+from trajbus.streams.topics import DEFAULT_PREFIX, validate_channel, validate_prefix
+
+ENV_PREFIX = "TRAJBUS_VERL_"
+MODES = ("kafka", "groups")
+
+
+@dataclass(frozen=True)
+class VerlQueueSettings:
+    """Which queue verl gets and where it keeps its samples."""
+
+    queue: str | None = setting(None, choices=MODES, help=(
+        "swap verl's in-memory MessageQueue for trajbus's: kafka (verl's own samples, durable) or groups "
+        "(also the ready groups of trajbus's gateway and worker)"))
+    topic: str | None = setting(None, help=(
+        "the samples topic (default: {prefix}.verl.{project_name}.{experiment_name} of verl's trainer config)"))
+    prefix: str = setting(DEFAULT_PREFIX, help="trajbus's topic prefix")
+    channel: str = setting("train", help="groups mode: the channel whose ready groups are served")
+    row_mode: str = setting("trajectory", choices=("trajectory", "step"), help=(
+        "groups mode: one row per trajectory (multi-turn in one row) or per LLM call"))
+
+    def __post_init__(self) -> None:
+        validate_prefix(self.prefix)
+        validate_channel(self.channel)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "VerlQueueSettings":
+        """The settings the environment gives (``ValueError`` naming a variable that is wrong)."""
+        return cls(**resolve(cls, argparse.Namespace(), ENV_PREFIX, environ))
+
+    def samples_topic(self, trainer_config: Any) -> str:
+        """This experiment's samples topic: a resumed run reads the topic its crashed run wrote."""
+        if self.topic:
+            return self.topic
+        trainer = trainer_config.trainer
+        name = f"{trainer.get('project_name') or 'verl'}.{trainer.get('experiment_name') or 'default'}"
+        return f"{self.prefix}.verl.{re.sub(r'[^A-Za-z0-9._-]', '-', name)}"
