@@ -47,7 +47,10 @@ class SampleSource(Protocol):
     def resume(self, where: Any) -> None: ...
 
     def from_start(self) -> None:
-        """Where a new run of the experiment begins."""
+        """Where a run of the experiment with no checkpoint yet begins."""
+
+    def begin_fresh(self) -> None:
+        """Where a run that ignores checkpoints (``resume_mode: disable``) begins."""
 
     def end(self) -> Any:
         """The position at the log end now."""
@@ -80,14 +83,18 @@ class DurableMessageQueue:
         ensure_topics(bootstrap, topic_specs(topic))
         self.samples = SampleLog(bootstrap, topic)
         self.sources: dict[str, SampleSource] = {"samples": self.samples}
-        if settings.queue == "groups":
-            from trajbus.consumers.verl.groups import GroupSamples  # torch and verl's DataProto: only here
-
-            self.sources["groups"] = GroupSamples(bootstrap, settings, config)
         self._positions = CheckpointPositions(bootstrap, f"{topic}.positions")
-        self.version = resume_version(config)
-        self._clock = VersionClock.of(config, self.version or 0)
-        self._resume()
+        try:
+            if settings.queue == "groups":
+                from trajbus.consumers.verl.groups import GroupSamples  # torch and verl's DataProto: only here
+
+                self.sources["groups"] = GroupSamples(bootstrap, settings, config)
+            self.version = resume_version(config)
+            self._clock = VersionClock.of(config, self.version or 0)
+            self._resume()
+        except BaseException:
+            self.close()
+            raise
         self.val_queue: deque = deque()
         self.running = True
         self._reading = asyncio.Lock()
@@ -100,20 +107,19 @@ class DurableMessageQueue:
 
     def _resume(self) -> None:
         """Read from the position of the checkpoint the trainer resumes from (module docstring)."""
-        recorded = self._positions.load() if self.version is not None else {}
-        if self.version in recorded:
-            for name, source in self.sources.items():
-                source.resume(recorded[self.version][name])
-            return
-        if self.version:
+        recorded = (self._positions.load() if self.version is not None else {}).get(self.version, {})
+        if self.version and not recorded:
             log.warning("no queue position recorded for checkpoint global_step_%d (saved with another queue?): "
                         "reading what is put from now on", self.version)
-        for source in self.sources.values():
-            if self.version == 0:
+        for name, source in self.sources.items():
+            if name in recorded:
+                source.resume(recorded[name])
+            elif self.version == 0:
                 source.from_start()
             else:
-                source.skip_to(source.end())
-        self._positions.record(self._clock.version, self._where())
+                source.begin_fresh()
+        if set(recorded) != set(self.sources):
+            self._positions.record(self._clock.version, self._where())
 
     def _where(self) -> Position:
         return {name: source.where() for name, source in self.sources.items()}
@@ -134,14 +140,19 @@ class DurableMessageQueue:
         """``(sample, remaining)`` once one is there; ``None`` once shut down with none left."""
         async with self._reading:
             while True:
-                for name, source in self.sources.items():
+                for name, source in self._reading_from():
                     if self._skip is not None and name in self._skip:
                         await asyncio.to_thread(source.skip_to, self._skip.pop(name))
                     sample = await asyncio.to_thread(source.take, POLL_SECONDS / len(self.sources))
                     if sample is not None:
                         return await asyncio.to_thread(self._hand_out, sample)
-                if not self.running and await asyncio.to_thread(self._backlog) == 0:
+                if not self.running and await asyncio.to_thread(self.samples.backlog) == 0:
                     return None
+
+    def _reading_from(self) -> list[tuple[str, SampleSource]]:
+        """Every source; once shut down, verl's own samples only (the rollouter ended them with its
+        sentinel), so a shutdown ends while agents still deliver groups."""
+        return list(self.sources.items()) if self.running else [("samples", self.samples)]
 
     def _hand_out(self, sample: Any) -> tuple[Any, int]:
         self.total_consumed += 1
@@ -167,9 +178,16 @@ class DurableMessageQueue:
         }
 
     async def clear_queue(self) -> None:
-        """Skip what waits now (this run only: a resume from a checkpoint still reads it)."""
-        self._skip = {name: await asyncio.to_thread(source.end) for name, source in self.sources.items()}
-        log.info("verl MessageQueue: cleared (skipping to %s)", self._skip)
+        """Skip what waits now (this run only: a resume from a checkpoint still reads it). A ``get_sample``
+        waiting meanwhile skips before its next read."""
+        ends = {name: await asyncio.to_thread(source.end) for name, source in self.sources.items()}
+        if self._reading.locked():
+            self._skip = ends
+        else:
+            async with self._reading:
+                for name, source in self.sources.items():
+                    await asyncio.to_thread(source.skip_to, ends[name])
+        log.info("verl MessageQueue: cleared (skipping to %s)", ends)
 
     async def shutdown(self) -> None:
         """Wake a waiting ``get_sample``: it hands out what is left, then None."""

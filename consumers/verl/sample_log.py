@@ -58,8 +58,12 @@ class SampleLog:
         self._reader = reader(bootstrap_servers, {
             "logger": log, "fetch.max.bytes": MAX_SAMPLE_BYTES, "max.partition.fetch.bytes": 16 * 1024 * 1024,
             "fetch.wait.max.ms": 100, "queued.max.messages.kbytes": 256 * 1024})
+        self._probe = reader(bootstrap_servers, {"logger": log})
+        """Offset look-ups of its own: the reader's would wait behind its pending fetch (~100 ms)."""
         self.position = 0
         """The offset of the next record to hand out."""
+        self._acked_end = 0
+        """The offset after this log's own newest acknowledged sample."""
 
     # -- writing -----------------------------------------------------------------------
     async def append(self, sample: Any) -> None:
@@ -70,7 +74,8 @@ class SampleLog:
         acks = Acks(1, partial(loop.call_soon_threadsafe, resolve, settled))
         self._poller.track(acks)
         try:
-            self._producer.produce(self.topic, value=value, headers=[(KIND, kind)], on_delivery=acks)
+            self._producer.produce(self.topic, value=value, headers=[(KIND, kind)],
+                                   on_delivery=partial(self._delivered, acks))
         except BaseException:
             acks.expect(0)
             raise
@@ -79,6 +84,11 @@ class SampleLog:
         except asyncio.TimeoutError:
             raise acks.late(self.topic, self.timeout) from None
         acks.raise_errors(self.topic)
+
+    def _delivered(self, acks: Acks, error: KafkaError | None, message: Any) -> None:
+        if error is None:
+            self._acked_end = max(self._acked_end, message.offset() + 1)
+        acks(error, message)
 
     # -- reading (a SampleSource: blocking calls, made from the queue's reading thread) -----
     def where(self) -> int:
@@ -90,16 +100,19 @@ class SampleLog:
         self._reader.assign([TopicPartition(self.topic, 0, where)])
 
     def from_start(self) -> None:
-        """A new run of the experiment reads every sample the topic holds."""
+        """A run of the experiment with no checkpoint yet reads every sample the topic holds."""
         self.resume(self.bounds()[0])
+
+    def begin_fresh(self) -> None:
+        """A run that ignores checkpoints (``resume_mode: disable``) reads what is put from now on."""
+        self.skip_to(self.end())
 
     def end(self) -> int:
         return self.bounds()[1]
 
     def skip_to(self, end: int) -> None:
         """Hand out nothing before ``end`` (``clear_queue``)."""
-        if end > self.position:
-            self.resume(end)
+        self.resume(max(end, self.position))
 
     def version_ended(self, version: int) -> None:
         """Nothing to do: the position is recorded by the queue."""
@@ -121,13 +134,17 @@ class SampleLog:
 
     def bounds(self) -> tuple[int, int]:
         """The log's start and end offsets, asked of the broker."""
-        return watermarks(self._reader, self._partition, 30.0)
+        return watermarks(self._probe, self._partition, 30.0)
 
     def backlog(self) -> int:
-        """Put and not yet handed out, measured on Kafka."""
-        return max(0, self.end() - self.position)
+        """Put and not yet handed out, as Kafka last told: the end of this log's own acknowledged puts (in
+        verl's layout every put goes through this one queue: exact) or of the reader's last fetch,
+        whichever is further. Free of a broker round trip: the trainer asks it with every sample."""
+        _low, fetched_end = self._reader.get_watermark_offsets(self._partition, cached=True)
+        return max(0, self._acked_end - self.position, fetched_end - self.position)
 
     def close(self) -> None:
         self._poller.stop()
         self._producer.flush(self.timeout)
         self._reader.close()
+        self._probe.close()
