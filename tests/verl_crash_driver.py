@@ -22,10 +22,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-PROMPT, RESPONSE, ROLLOUTS, VOCAB = 2048, 512, 8, 32000
 MINI_BATCH, REQUIRE_BATCHES, SYNC_STEPS = 2, 2, 1
 
 
@@ -45,22 +41,12 @@ def config(checkpoint_dir: str, experiment: str) -> Any:
 
 
 def sample(i: int) -> bytes:
-    """A real-size sample, as verl's rollouter puts it; its id in ``sample_id``."""
-    import ray
-    from verl import DataProto
-    from verl.experimental.fully_async_policy.detach_utils import RolloutSample
+    """A real-size sample (the benchmark's), its id in ``sample_id``."""
+    import torch
 
-    g = torch.Generator().manual_seed(i)
-    prompts = torch.randint(0, VOCAB, (ROLLOUTS, PROMPT), generator=g)
-    responses = torch.randint(0, VOCAB, (ROLLOUTS, RESPONSE), generator=g)
-    ones = torch.ones(ROLLOUTS, PROMPT + RESPONSE, dtype=torch.int64)
-    batch = DataProto.from_dict(tensors={
-        "prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], 1),
-        "attention_mask": ones, "position_ids": torch.cumsum(ones, 1) - 1,
-        "response_mask": torch.ones(ROLLOUTS, RESPONSE, dtype=torch.int64),
-        "rollout_log_probs": -torch.rand(ROLLOUTS, RESPONSE, generator=g)},
-        non_tensors={"uid": np.array([f"uid_sample_{i}"] * ROLLOUTS, dtype=object)})
-    return ray.cloudpickle.dumps(RolloutSample(full_batch=batch, sample_id=f"sample_{i}", epoch=0, rollout_status={}))
+    from benchmarks.verl_queue_bench import make_sample
+
+    return make_sample(i, torch.Generator().manual_seed(i))
 
 
 def sample_id(data: bytes) -> int:
