@@ -29,6 +29,7 @@ from trajbus.streams.app import STATE_TABLE
 from trajbus.streams.producer import StepProducer
 from trajbus.streams.topics import TopicSettings, dlq_topic, groups_topic
 from tests.helpers import end_offsets, flowing, read_to_end, wait_for
+from tests.integration.test_verl_queue_crash import assert_trained_once, end_the_epoch, lines, mid_mini_batch, role
 
 NODES = 3
 
@@ -129,6 +130,26 @@ def test_a_rolling_restart_loses_and_repeats_nothing(cluster: EmbeddedCluster, s
         assert worker.alive(), f"the worker died:\n{worker.log_tail()}"
     finally:
         worker.stop()
+
+
+def test_the_verl_queue_loses_nothing_when_its_leader_dies(cluster: EmbeddedCluster, servers: str, prefix: str,
+                                                          tmp_path: Path):
+    """verl's queue on trajbus across the samples partition's leader SIGKILLed mid-flow, then the trainer
+    kill -9ed mid-mini-batch and resumed: every sample put is trained once."""
+    rollouter = role("rollouter", servers, prefix, tmp_path, "--first", "0", "--count", "400", "--seconds", "0.1")
+    trainer = role("trainer", servers, prefix, tmp_path)
+    try:
+        wait_for(lambda: lines(trainer, "checkpoint") or None, 180, "a first checkpoint")
+        kill(cluster.node(leader_of(servers, f"{prefix}.verl.crash.run")))
+        put_before = len(lines(rollouter, "put"))
+        wait_for(lambda: len(lines(rollouter, "put")) >= put_before + 8 and mid_mini_batch(trainer, 4), 180,
+                 "puts after the leader's death and the trainer mid-mini-batch")
+        trainer.kill()
+        end_the_epoch(servers, prefix, tmp_path, rollouter)
+    finally:
+        rollouter.kill()
+        trainer.kill()
+    assert_trained_once(servers, prefix, tmp_path)
 
 
 def test_four_ranks_read_disjoint_shares(servers: str, prefix: str, tmp_path: Path):

@@ -34,6 +34,38 @@ def mid_mini_batch(trainer: ServiceProcess, after_checkpoint: int) -> bool:
     return bool(checkpoints) and checkpoints[-1][0] >= after_checkpoint and bool(got) and got[-1][1] == 2
 
 
+def end_the_epoch(servers: str, prefix: str, tmp_path: Path, rollouter: ServiceProcess) -> ServiceProcess:
+    """Stop ``rollouter``, put samples up to a whole step and the sentinel, and run a resumed trainer to the end."""
+    rollouter.kill()
+    put = read_to_end(servers, f"{prefix}.verl.crash.run")
+    more = REQUIRED - len(put) % REQUIRED + REQUIRED
+    rollouter = role("rollouter", servers, prefix, tmp_path, "--first", "1000", "--count", str(more), "--end")
+    trainer = role("trainer", servers, prefix, tmp_path)
+    try:
+        wait_for(lambda: lines(trainer, "done") == [[]] or not trainer.alive(), 180, "the trainer at the sentinel")
+        assert lines(trainer, "done") == [[]], trainer.log_tail()
+        return trainer
+    finally:
+        rollouter.kill()
+        trainer.kill()
+
+
+def assert_trained_once(servers: str, prefix: str, tmp_path: Path) -> None:
+    """The trained samples, read from the checkpoints of the final lineage, are the samples put: each once."""
+    from tests.verl_crash_driver import sample_id
+
+    produced = [sample_id(record.value()) for record in read_to_end(servers, f"{prefix}.verl.crash.run")
+                if record.value() is not None]
+    checkpoints = tmp_path / "checkpoints"
+    last = int((checkpoints / "latest_checkpointed_iteration.txt").read_text())
+    trained = [i for v in range(1, last + 1)
+               for i in json.loads((checkpoints / f"global_step_{v}" / "trained.json").read_text())]
+    assert len(produced) % REQUIRED == 0 and len(produced) > 16
+    assert trained == produced, "every sample put is trained once, in the order put: none lost, none twice"
+    handed_out = sum(len(lines(ServiceProcess([], log), "got")) for log in tmp_path.glob("trainer*.log"))
+    assert handed_out > len(trained), "the kills hit mid-mini-batch: samples handed out after a checkpoint came again"
+
+
 def test_kill_the_trainer_then_both_and_every_sample_is_trained_once(bootstrap_servers, prefix, tmp_path):
     rollouter = role("rollouter", bootstrap_servers, prefix, tmp_path, "--first", "0", "--count", "400",
                      "--seconds", "0.1")
@@ -47,27 +79,8 @@ def test_kill_the_trainer_then_both_and_every_sample_is_trained_once(bootstrap_s
         # 2. both, the resumed trainer again mid-mini-batch and the rollouter mid-production
         wait_for(lambda: mid_mini_batch(trainer, 4), 180, "the resumed trainer mid-mini-batch after checkpoint 4")
         trainer.kill()
-        rollouter.kill()
-        put = read_to_end(bootstrap_servers, f"{prefix}.verl.crash.run")
-        more = REQUIRED - len(put) % REQUIRED + REQUIRED  # the epoch ends on a whole step
-        rollouter = role("rollouter", bootstrap_servers, prefix, tmp_path, "--first", "1000",
-                         "--count", str(more), "--end")
-        trainer = role("trainer", bootstrap_servers, prefix, tmp_path)
-        wait_for(lambda: lines(trainer, "done") == [[]] or not trainer.alive(), 180, "the trainer at the sentinel")
-        assert lines(trainer, "done") == [[]], trainer.log_tail()
+        end_the_epoch(bootstrap_servers, prefix, tmp_path, rollouter)
     finally:
         rollouter.kill()
         trainer.kill()
-
-    from tests.verl_crash_driver import sample_id
-
-    produced = [sample_id(record.value()) for record in read_to_end(bootstrap_servers, f"{prefix}.verl.crash.run")
-                if record.value() is not None]
-    checkpoints = tmp_path / "checkpoints"
-    last = int((checkpoints / "latest_checkpointed_iteration.txt").read_text())
-    trained = [i for v in range(1, last + 1) for i in json.loads((checkpoints / f"global_step_{v}" / "trained.json")
-                                                                   .read_text())]
-    assert len(produced) % REQUIRED == 0 and len(produced) > 16
-    assert trained == produced, "every sample put is trained once, in the order put: none lost, none twice"
-    redelivered = sum(len(lines(ServiceProcess([], log), "got")) for log in tmp_path.glob("trainer*.log")) - len(trained)
-    assert redelivered > 0, "the kills hit mid-mini-batch: samples handed out after a checkpoint came again"
+    assert_trained_once(bootstrap_servers, prefix, tmp_path)
