@@ -83,8 +83,9 @@ class DurableMessageQueue:
         ensure_topics(bootstrap, topic_specs(topic))
         self.samples = SampleLog(bootstrap, topic)
         self.sources: dict[str, SampleSource] = {"samples": self.samples}
-        self._positions = CheckpointPositions(bootstrap, f"{topic}.positions")
+        self._positions: CheckpointPositions | None = None
         try:
+            self._positions = CheckpointPositions(bootstrap, f"{topic}.positions")
             if settings.queue == "groups":
                 from trajbus.consumers.verl.groups import GroupSamples  # torch and verl's DataProto: only here
 
@@ -209,4 +210,5 @@ class DurableMessageQueue:
         """Close the Kafka clients (verl never calls it: the actor ends with the job)."""
         for source in self.sources.values():
             source.close()
-        self._positions.close()
+        if self._positions is not None:
+            self._positions.close()
