@@ -10,8 +10,8 @@ from pytest_codeblocks import extract_from_file
 
 from trajbus.streams import codec
 from trajbus.streams.chunks import RECORD_OVERHEAD, manifest, split
-from trajbus.streams.prefix import PrefixEncoder
-from trajbus.streams.records import ReadyGroup, Step
+from trajbus.streams.prefix import PrefixEncoder, structure
+from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
 from tests.unit.test_prefix import trajectory
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "wire-format.md"
@@ -27,6 +27,12 @@ def documented_decoder() -> dict:
     definitions = block.split("value = ...")[0]
     namespace: dict = {}
     exec(definitions, namespace)  # the doc's own code, with no trajbus import
+    return namespace
+
+
+def documented_subscriber() -> dict:
+    namespace = documented_decoder()
+    exec(doc_blocks()[1], namespace)  # the worked example's functions (its main guarded by __name__)
     return namespace
 
 
@@ -105,3 +111,56 @@ def test_documented_subscriber_joins_the_chunks_a_chunked_group_names():
     assert ns["joined"](decoded, dict(zip(offsets, chunks))) == value
     with pytest.raises(ValueError, match="do not match"):
         ns["joined"](decoded, dict(zip(offsets, [chunks[0][:-1], *chunks[1:]])))
+
+
+def test_documented_subscriber_frees_a_trajectory_at_its_end_step_or_its_trajectory_end():
+    """A trajectory ended by ``complete_trajectory`` (a TrajectoryEnd; no step of it says is_last) leaves
+    nothing in the subscriber's memory, nor does one ended by its is_last step; the writer forgets
+    a trajectory at either, so a step of it after them is a keyframe and still reads."""
+    ns, encoder, contexts = documented_subscriber(), PrefixEncoder(), {}
+    by_end = trajectory("by-end", 4)
+    by_end[-1].is_last = False
+    values = [codec.encode(encoder.delta(step)) for step in by_end]
+    assert [ns["step_body"](v, 4)[0]["prompt_form"] for v in values] == [0, 1, 1, 1]
+    encoder.forget("by-end")  # what StepProducer does as it encodes the end (streams/producer.py _encode)
+    values.append(codec.encode(TrajectoryEnd("by-end", "p", reward=1.0)))
+    decoded = [ns["decode"](value, contexts, None) for value in values[:-1]]
+    assert [(d["prompt_ids"], d["is_last"]) for d in decoded] == [(s.prompt_ids, False) for s in by_end]
+    assert contexts, "the trajectory's contexts are kept while it runs"
+    assert ns["decode"](values[-1], contexts, None)["kind"] == "end"
+    assert contexts == {}, "a trajectory ended by a TrajectoryEnd is freed"
+    for step in trajectory("by-last", 3):
+        ns["decode"](codec.encode(encoder.delta(step)), contexts, None)
+    assert contexts == {}, "a trajectory ended by its is_last step is freed"
+    late = codec.encode(encoder.delta(trajectory("by-end", 6)[5]))  # a step of it sent after its end
+    assert ns["decode"](late, contexts, None)["prompt_ids"] == trajectory("by-end", 6)[5].prompt_ids
+
+
+def test_documented_subscriber_reports_a_step_whose_keyframe_it_never_read_and_goes_on():
+    """Started mid-trajectory (or after retention deleted the keyframe), the subscriber reports each
+    step it cannot resolve, guesses no prompt, and reads the trajectory again from its next keyframe."""
+    ns, encoder, contexts = documented_subscriber(), PrefixEncoder(keyframe_every=3), {}
+    steps = trajectory("t", 7)
+    values = [codec.encode(encoder.delta(step)) for step in steps]
+    assert [ns["step_body"](v, 4)[0]["prompt_form"] for v in values] == [0, 1, 1, 0, 1, 1, 0]
+    decoded = [ns["decode"](value, contexts, None) for value in values[1:]]  # step 0, the keyframe, is gone
+    assert [d["kind"] for d in decoded] == ["unresolved_step", "unresolved_step", "step", "step", "step", "step"]
+    assert [d["step_index"] for d in decoded] == [1, 2, 3, 4, 5, 6]
+    assert [d["prompt_ids"] for d in decoded[2:]] == [s.prompt_ids for s in steps[3:]]
+    assert contexts == {}
+
+
+def test_documented_group_decoder_refuses_a_step_that_does_not_fill_its_stated_length():
+    """A group's step body occupies exactly the length before it (``codec._read_group``: ``body.done()``)."""
+    ns = documented_subscriber()
+    value = codec.encode(ReadyGroup("p", "train", trajectory("t0", 2), 1, ready_at=1.0))
+    assert ns["group_body"](value, 4)[1] == len(value)
+    _shared, entries = structure(trajectory("t0", 2))
+    body = codec.encode_group_body(ReadyGroup("p", "train", [], 1, ready_at=1.0), _shared, entries)
+    first = codec._step_body(entries[0])
+    padded = body.replace(codec._uvarint(len(first)) + first, codec._uvarint(len(first) + 1) + first + b"\0")
+    assert padded != body
+    with pytest.raises(codec.DecodeError, match="trailing bytes"):  # what the doc describes: trajbus refuses it
+        codec.decode(codec.preamble(codec.KIND_READY_GROUP) + padded)
+    with pytest.raises(ValueError, match="length"):
+        ns["group_body"](codec.preamble(codec.KIND_READY_GROUP) + padded, 4)
