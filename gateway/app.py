@@ -15,7 +15,7 @@ from fastapi.responses import ORJSONResponse
 
 from trajbus.gateway.config import GatewaySettings
 from trajbus.gateway.errors import install_error_handlers
-from trajbus.gateway.middleware import BodySizeLimit, CallLimit, RequestObserver
+from trajbus.gateway.middleware import BodySizeLimit, CallLimit, Drain, RequestObserver
 from trajbus.gateway.openapi import describe
 from trajbus.gateway.routes.auth import api_key_guard
 from trajbus.gateway.routes.blackbox import blackbox_router
@@ -42,8 +42,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     for router in (operations_router(service, admin), whitebox_router(service, admin),
                    blackbox_router(service, admin), pause_router(service, admin)):
         app.include_router(router)
-    # Outermost last: every request is observed, a shed one too; the body cap applies before any parse.
+    # Outermost last: every request is observed, a shed or drained one too; the body cap applies before any parse.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(CallLimit, limit=settings.max_concurrent_calls, metrics=service.metrics)
+    app.add_middleware(Drain, draining=lambda: service.draining)
     app.add_middleware(RequestObserver, metrics=service.metrics)
     return app

@@ -60,6 +60,17 @@ def _channel_admission(text: str) -> tuple[str, str, int | None]:
     return channel, name, None if value.lower() == "off" else positive_int(value)
 
 
+def _seconds(text: str) -> float:
+    """A finite number of seconds >= 0 (0: not at all)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {value}")
+    return value
+
+
 def _instances(text: str) -> int:
     """``--instances``: a positive count, or ``auto``: one per core this process may run on."""
     return len(os.sched_getaffinity(0)) if text.strip().lower() == "auto" else positive_int(text)
@@ -102,6 +113,16 @@ class GatewaySettings:
         512, parse=positive_int,
         help="engine calls (chat/completions, /generate) one instance serves at once; beyond, a call is "
              "answered 503 with Retry-After at once rather than queued until its client times out")
+    drain_delay: float = setting(
+        5.0, parse=_seconds,
+        help="on SIGTERM, seconds the gateway keeps listening while /ready answers 503 and new calls get 503 with "
+             "Retry-After (calls in flight go on), so load balancers see it unready and stop sending before "
+             "connections are refused; 0: stop listening at once")
+    drain_timeout: float = setting(
+        20.0, parse=_seconds,
+        help="after the drain delay, seconds the calls still in flight have to end; a call not answered by then gets "
+             "503 with Retry-After (a stream already under way is cut), then the producer is flushed and the process "
+             "exits 0")
     api_key: str | None = setting(None, help="bearer token required by white-box and admin endpoints")
     state_dir: Path = setting(default_factory=lambda: trajbus_cache_dir() / "gateway",
                               help="where per-trajectory state survives restarts")

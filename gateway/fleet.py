@@ -35,6 +35,7 @@ log = logging.getLogger("trajbus.gateway")
 BACKLOG = 2048
 """Connections a socket queues while its instance is busy or being restarted."""
 STOP_SECONDS = 30.0
+"""What an instance may take to close after its drain (``--drain-delay`` + ``--drain-timeout``) before it is killed."""
 QUICK_EXIT_SECONDS = 30.0
 """An instance that ends sooner than this after its start is restarted with a growing delay."""
 
@@ -126,11 +127,12 @@ class GatewayFleet:
         running = [p for p in self._processes if p is not None and p.is_alive()]
         for process in running:
             process.terminate()  # SIGTERM: uvicorn's graceful shutdown, producer flushed
-        deadline = time.monotonic() + STOP_SECONDS
+        limit = self.settings.drain_delay + self.settings.drain_timeout + STOP_SECONDS
+        deadline = time.monotonic() + limit
         for process in running:
             process.join(max(0.0, deadline - time.monotonic()))
             if process.is_alive():
-                log.warning("gateway instance pid=%d did not stop in %.0fs; killed", process.pid, STOP_SECONDS)
+                log.warning("gateway instance pid=%d did not stop in %.0fs; killed", process.pid, limit)
                 process.kill()
                 process.join()
         for sock in [self.door, *self.own]:

@@ -3,13 +3,17 @@
 - ``BodySizeLimit``: 413 for bodies over the cap, declared or streamed;
 - ``CallLimit``: beyond ``--max-concurrent-calls`` engine calls, 503 with ``Retry-After`` at once, so
   an overloaded gateway answers early instead of queueing every caller into its timeout;
+- ``Drain``: while the gateway shuts down (SIGTERM), new calls are 503 with ``Retry-After`` and calls cut
+  by the end of the drain too, never a plain-text error;
 - ``RequestObserver``: request counts and latency per route, and a log line for every error answered.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from typing import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -86,6 +90,45 @@ class CallLimit:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
+
+
+class Drain:
+    """While the gateway drains (``GatewayService.drain``, on SIGTERM), new work is answered 503 with
+    ``Retry-After`` at once; reads (GET, HEAD: ``/ready`` says why) and the admin plane (``/admin/``) are still
+    served. Every answer given while draining closes its connection, so a keep-alive client reconnects (to the
+    restarted instance, or through the load balancer to another) instead of reusing a connection about to close.
+    A call still in flight at the end of the drain is cancelled by uvicorn (``--drain-timeout``); it is answered
+    503 with ``Retry-After`` here rather than with uvicorn's plain-text 500, unless its answer had begun (a stream
+    under way can only be cut)."""
+
+    def __init__(self, app: ASGIApp, draining: Callable[[], bool]) -> None:
+        self.app, self.draining = app, draining
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def answer(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if self.draining():
+                    message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+            await send(message)
+
+        if self.draining() and scope["method"] not in ("GET", "HEAD") and not scope["path"].startswith("/admin/"):
+            return await _answer(unavailable("the gateway is shutting down and takes no new calls; retry after "
+                                             "Retry-After (a trajectory continues where it was)",
+                                             code="shutting_down"), answer)
+        try:
+            await self.app(scope, receive, answer)
+        except asyncio.CancelledError:
+            if started or not self.draining():
+                raise
+            # Cancelled for good by uvicorn's shutdown: answer, then end the task (nothing awaits it).
+            await _answer(unavailable("the gateway shut down before this call was answered (--drain-timeout); "
+                                      "retry after Retry-After", code="shutting_down"), answer)
 
 
 class RequestObserver:

@@ -32,6 +32,8 @@ from trajbus.gateway.updates import UpdateGate
 
 log = logging.getLogger("trajbus.gateway")
 
+DRAINING = "draining: the gateway is shutting down (SIGTERM) and takes no new calls"
+
 
 class GatewayService:
     """Owns every part of one gateway instance; starts and closes them in order."""
@@ -55,6 +57,8 @@ class GatewayService:
         self.fatal: str | None = None
         """Why the gateway ended itself (Kafka unreachable past the limit): it then exits non-zero."""
         self.started_at = time.time()
+        self.draining_since: float | None = None
+        """When SIGTERM began the drain (``time.monotonic()``); None while serving (see ``drain``)."""
 
     async def start(self) -> None:
         self.pacing.start(self.store.unfinished())  # admitted before a restart
@@ -82,9 +86,20 @@ class GatewayService:
         self.store.close()
         log.info("gateway stopped: producer flushed, trajectory state closed")
 
+    def drain(self) -> None:
+        """Begin the drain of a shutdown (``gateway.server`` on SIGTERM): ``/ready`` answers 503 at once and new
+        calls 503 with Retry-After (``middleware.Drain``), so a load balancer stops sending before the server
+        stops listening. Only sets a flag: it runs in a signal handler."""
+        if self.draining_since is None:
+            self.draining_since = time.monotonic()
+
+    @property
+    def draining(self) -> bool:
+        return self.draining_since is not None
+
     def readiness(self) -> list[str]:
         """What is not ready yet; empty when the gateway can serve every endpoint."""
-        missing = []
+        missing = [DRAINING] if self.draining else []
         if not self.tokenizer.ready:
             missing.append(self.tokenizer.error or "tokenizer is loading")
         kafka = self.kafka.missing()

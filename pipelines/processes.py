@@ -129,10 +129,12 @@ def scripted_engine_process(port: int, workdir: Path, tokenizer_path: Path | str
 def gateway_process(bootstrap_servers: str, prefix: str, backends: list[str], tokenizer_path: Path | str,
                     port: int, state_dir: Path | str, log_file: Path | str,
                     extra: list[str] | None = None) -> ServiceProcess:
-    """A ``trajbus gateway`` child (not yet started); ready when ``/ready`` answers 200."""
+    """A ``trajbus gateway`` child (not yet started); ready when ``/ready`` answers 200. No load balancer
+    stands before a local child, so it stops listening at once on SIGTERM (``--drain-delay 0``, which
+    ``extra`` may override)."""
     return ServiceProcess(
         ["gateway", "--bootstrap-servers", bootstrap_servers, "--prefix", prefix,
          "--vllm-addresses", ",".join(backends), "--tokenizer-path", str(tokenizer_path), "--port", str(port),
-         "--state-dir", str(state_dir), *(extra or [])],
+         "--state-dir", str(state_dir), "--drain-delay", "0", *(extra or [])],
         log_file,
     )

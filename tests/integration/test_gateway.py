@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -163,9 +162,8 @@ def test_reward_worker_is_a_named_ray_actor(prefix, inference_server, start_gate
     done = httpx.post(f"{t['base_url']}/complete_trajectory", timeout=120)
     assert done.status_code == 200 and done.json()["reward"] == 0.0
     assert ray.get(actor.count.remote()) == 2
-    # Graceful on SIGTERM although Ray's core worker installs its own handler (uvicorn re-raises
-    # the signal once its shutdown is done, hence -SIGTERM).
-    assert process.stop() == -signal.SIGTERM
+    # Graceful on SIGTERM although Ray's core worker installs its own handler: drained, then exit 0.
+    assert process.stop() == 0
     assert "gateway stopped: producer flushed" in process.log_tail(), process.log_tail()
 
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from trajbus.gateway.config import ENV_PREFIX as GATEWAY_ENV
-from trajbus.gateway.config import GatewaySettings
+from trajbus.gateway.config import GatewaySettings, settings_from_args
 from trajbus.infra.declared import declared_fields, env_var
 from trajbus.infra.kafka_config import CONFIG_FILE_VAR, ENV_PREFIX as KAFKA_ENV
 from trajbus.pipelines.cli import build_parser
@@ -83,6 +83,30 @@ def test_kubernetes_deployments_and_strimzi_topics_match_the_code():
     for name, spec in expected.items():
         assert topics[name]["partitions"] == spec.partitions, name
         assert {k: str(v) for k, v in topics[name]["config"].items()} == spec.config, name
+
+
+CLOSING_SECONDS = 10
+"""What a gateway takes after its drain: the producer flushes what the calls in flight left (they were
+acknowledged or cut), the state closes."""
+
+
+def test_a_gateway_pod_drains_before_it_stops_listening_and_within_its_grace_period():
+    """SIGTERM flips /ready at once: the readiness probe must see it within the drain delay (while the pod still
+    listens), liveness must not kill the pod while its calls drain, and preStop + drain + closing fit the grace."""
+    documents = [d for d in yaml.safe_load_all((INFRA / "deploy" / "k8s" / "gateway.yaml").read_text()) if d]
+    pod = next(d for d in documents if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    settings = settings_from_args(build_parser().parse_args(container["args"]))
+    readiness, liveness = container["readinessProbe"], container["livenessProbe"]
+    assert readiness["httpGet"] == {"path": "/ready", "port": 8100}
+    assert readiness["periodSeconds"] * readiness.get("failureThreshold", 3) < settings.drain_delay
+    assert liveness["periodSeconds"] * liveness.get("failureThreshold", 3) >= settings.drain_timeout
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep" and len(command) == 2
+    drain = float(command[1]) + settings.drain_delay + settings.drain_timeout + CLOSING_SECONDS
+    assert pod["terminationGracePeriodSeconds"] >= drain, "the kubelet would kill the gateway mid-drain"
+    defaults = GatewaySettings(vllm_addresses=["h:1"], tokenizer_path="t")
+    assert 0 < defaults.drain_delay <= 10, "a gateway drains by default, a few seconds"
 
 
 def test_the_demo_config_sets_only_declared_worker_and_gateway_settings():
