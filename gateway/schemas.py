@@ -21,14 +21,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator, model_validator
 
 from trajbus.gateway.errors import bad_request
-from trajbus.streams.records import Step
+from trajbus.streams.records import CREATED_AT_LIMIT, Step
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 U32 = 2**32
 I64 = 2**63
-CREATED_AT_LIMIT = I64 // 1000
-"""A step's ``created_at`` becomes the Kafka record's timestamp, int64 milliseconds."""
 CHANNEL_PATTERN = r"^[a-z0-9_-]{1,64}$"
 """``streams.topics.validate_channel``'s rule: a channel becomes part of topic names."""
 
@@ -208,15 +206,9 @@ def _integral(value: Any) -> Any:
 
 def step_from_json(data: Any) -> Step:
     """``Step.from_dict``, where JSON's ``3.0`` is the integer 3 (JSON Schema's rule, and the other
-    routes' through pydantic); the conversion runs only for a step the strict check refused.
-    ``created_at`` must fit the record's timestamp (past it the producer overflows)."""
-    step = _step_from_json(data)
-    if not 0 <= step.created_at < CREATED_AT_LIMIT:
-        raise ValueError(f"created_at: must be Unix seconds in [0, {CREATED_AT_LIMIT}), got {step.created_at!r}")
-    return step
-
-
-def _step_from_json(data: Any) -> Step:
+    routes' through pydantic); the conversion runs only for a step the strict check refused. Every other
+    rule (``created_at`` fits the record's timestamp, strings are valid Unicode) is ``Step.validate``'s,
+    the Python API's own."""
     try:
         return Step.from_dict(data)
     except ValueError:

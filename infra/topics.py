@@ -3,7 +3,9 @@
 Knows nothing of trajbus's topic names: callers pass ``TopicSpec`` s (the names
 and settings live with the wire contract in ``streams.topics``). Provisioning is
 idempotent: missing topics are created, existing ones get their configs set to
-the spec and their partitions raised to it (never lowered: Kafka cannot).
+the spec. Their partition counts are never changed implicitly: a raised count moves
+keys (prompt groups) between partitions, and a worker sized for the old count misses
+the new ones. Only ``grow_partitions`` raises one (``trajbus topics --create --steps-partitions N``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Collection, Iterator
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import (
@@ -82,22 +84,28 @@ def _wait(futures: dict, what: str, ignore: tuple[int, ...] = ()) -> None:
             raise RuntimeError(f"{what} {key}: {error.str()}") from exc
 
 
-def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec], timeout: float = 30.0) -> list[str]:
+def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec], timeout: float = 30.0,
+                  grow_partitions: bool | Collection[str] = False) -> list[str]:
     """Make every spec true on the cluster; return the names that were created. A replication the
     cluster cannot hold is refused before anything is written (``ReplicationError``); an existing
     topic with fewer replicas than asked is named in a warning, never changed. What a leader
-    election or a node's death makes fail is tried again for up to ``timeout`` seconds."""
+    election or a node's death makes fail is tried again for up to ``timeout`` seconds.
+
+    An existing topic keeps its partition count (module docstring): one with fewer partitions than
+    its spec is named in one warning line per process, unless ``grow_partitions`` asks to raise it
+    on purpose (``True``: every spec's topic; a collection: the topics it names)."""
     admin = admin_client(bootstrap_servers)
+    grow = {s.name for s in specs} if grow_partitions is True else set(grow_partitions or ())
     created: list[str] = []
     for attempt in retrying(timeout, log, "provisioning topics", permanent=(ReplicationError,)):
         with attempt:
-            created += _ensure(admin, specs, timeout)
+            created += _ensure(admin, specs, timeout, grow)
             # every topic, not only this try's: one an earlier try created may still lack a leader
             _wait_for_leaders(admin, [spec.name for spec in specs], timeout)
     return created
 
 
-def _ensure(admin: AdminClient, specs: list[TopicSpec], timeout: float) -> list[str]:
+def _ensure(admin: AdminClient, specs: list[TopicSpec], timeout: float, grow_names: set[str]) -> list[str]:
     metadata = admin.list_topics(timeout=timeout)
     existing = metadata.topics
     missing = [spec for spec in specs if spec.name not in existing]
@@ -114,8 +122,10 @@ def _ensure(admin: AdminClient, specs: list[TopicSpec], timeout: float) -> list[
         log.info("created topics %s", ", ".join(s.name for s in missing))
 
     present = [spec for spec in specs if spec.name in existing]
-    grow = [s for s in present if len(existing[s.name].partitions) < s.partitions]
+    grow = [s for s in present if s.name in grow_names and len(existing[s.name].partitions) < s.partitions]
+    _note_partitions([s for s in present if s not in grow], existing)
     if grow:
+        log.info("raising partitions of %s", ", ".join(f"{s.name} to {s.partitions}" for s in grow))
         _wait(admin.create_partitions([NewPartitions(s.name, s.partitions) for s in grow],
                                       request_timeout=timeout), "adding partitions to")
     with_config = [s for s in present if s.config]
@@ -177,6 +187,33 @@ def _warn_under_replicated(admin: AdminClient, specs: list[TopicSpec], existing:
             _warned.add(spec.name)
             log.warning("topic %s has %d replicas, fewer than the %d asked for; it is left as it is "
                         "(raise them with kafka-reassign-partitions)", spec.name, actual, wanted)
+
+
+_partitions_noted: set[str] = set()
+
+
+def _note_partitions(specs: list[TopicSpec], existing: dict) -> None:
+    """One line per topic (per process) whose partition count differs from its spec, left as it is: a warning
+    where the spec asks for more, information where it asks for fewer (Kafka cannot lower a count)."""
+    for spec in specs:
+        actual = len(existing[spec.name].partitions)
+        if spec.name in _partitions_noted or not actual or actual == spec.partitions:
+            continue
+        _partitions_noted.add(spec.name)
+        if actual < spec.partitions:
+            log.warning("topic %s has %d partitions, not the %d asked for; left at %d (a count is raised only on "
+                        "purpose: `trajbus topics --create --steps-partitions %d`, --groups-partitions for groups)",
+                        spec.name, actual, spec.partitions, actual, spec.partitions)
+        else:
+            log.info("topic %s has %d partitions, more than the %d asked for; left at %d",
+                     spec.name, actual, spec.partitions, actual)
+
+
+def partition_counts(bootstrap_servers: str, names: list[str], timeout: float = 10.0) -> dict[str, int]:
+    """The partition count of each named topic that exists (a missing one is left out)."""
+    topics = admin_client(bootstrap_servers).list_topics(timeout=timeout).topics
+    return {name: len(topics[name].partitions) for name in names
+            if name in topics and topics[name].error is None and topics[name].partitions}
 
 
 _LEADERLESS = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,

@@ -46,8 +46,10 @@ def _as_step(step: Step | Mapping[str, Any], channel: str, n_rollouts: int | Non
         step = Step.from_dict(step)
     elif not isinstance(step, Step):
         raise ValueError(f"steps: expected Step or dict, got {type(step).__name__}")
-    else:
-        step.validate(known_prefix=encoder.extended(step))
+    else:  # the prompt tokens its trajectory's last step sent are checked already (junk ids: checked whole)
+        known = encoder.extended(step) if isinstance(step.trajectory_uid, str) and \
+            isinstance(step.prompt_ids, (list, tuple)) else 0
+        step.validate(known_prefix=known)
     if n_rollouts is not None and step.n_rollouts is None:
         step = dataclasses.replace(step, n_rollouts=n_rollouts)
     if step.channel is None:
@@ -62,7 +64,9 @@ class StepProducer:
     """Publishes step events to ``{prefix}.steps.{channel}``.
 
     Topics of a channel are provisioned on its first use (idempotent), so a new
-    channel works without a separate set-up step.
+    channel works without a separate set-up step. An existing topic keeps its
+    partition count whatever ``settings`` say (one warning where they ask for more):
+    raising it moves keys between partitions, so only ``trajbus topics`` does, on purpose.
     """
 
     def __init__(

@@ -22,6 +22,8 @@ from trajbus.streams.versions import check_version_segments
 
 _U32 = 2**32
 _I64 = 2**63
+CREATED_AT_LIMIT = _I64 // 1000
+"""``created_at`` (Unix seconds) becomes the Kafka record's timestamp, int64 milliseconds: it must stay below this."""
 
 SEGMENT_START = "segment_start"
 """Step metadata key: true when the step's prompt does not extend its trajectory's previous context
@@ -36,8 +38,14 @@ and no index outside the list is waited for."""
 
 
 def _check_str(name: str, value: object) -> str:
+    """A non-empty string that UTF-8 can carry (a lone surrogate would fail only when the record is encoded)."""
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name}: must be a non-empty string, got {value!r}")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ValueError(f"{name}: must be valid Unicode (a lone surrogate is not), got {value!r}") from None
     return value
 
 
@@ -47,10 +55,30 @@ def _check_int(name: str, value: object, low: int = 0, high: int = _U32) -> int:
     return value
 
 
+def _finite(value: object) -> float | None:
+    """``value`` as a finite float, else None (a bool is no number here; an int past a float's range is none)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _check_float(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    number = _finite(value)
+    if number is None:
         raise ValueError(f"{name}: must be a finite number, got {value!r}")
-    return float(value)
+    return number
+
+
+def _check_created_at(value: object) -> float:
+    """Unix seconds that fit the record's timestamp (``CREATED_AT_LIMIT``); the gateway's rule too."""
+    number = _finite(value)
+    if number is None or not 0 <= number < CREATED_AT_LIMIT:
+        raise ValueError(f"created_at: must be Unix seconds in [0, {CREATED_AT_LIMIT}), got {value!r}")
+    return number
 
 
 def _check_token_ids(name: str, ids: object, start: int = 0) -> None:
@@ -65,31 +93,59 @@ def _check_token_ids(name: str, ids: object, start: int = 0) -> None:
             raise ValueError(f"{name}[{position}]: token ids are integers in [0, 2**32), got {token!r}")
 
 
+def _log_prob(value: object) -> bool:
+    """A number a float holds; -inf is one (a token the engine held impossible), NaN is not."""
+    return not math.isnan(value) if isinstance(value, float) else _finite(value) is not None
+
+
 def _check_log_probs(values: object, n_tokens: int) -> None:
     if not isinstance(values, (list, tuple)):
         raise ValueError("rollout_log_probs: must be a list of floats or null")
     if len(values) != n_tokens:
         raise ValueError(f"rollout_log_probs: has {len(values)} values for {n_tokens} response tokens "
                          f"(need one per token)")
-    if set(map(type, values)) <= {float, int} and not any(map(math.isnan, values)):
-        return
+    if set(map(type, values)) <= {float} and not any(map(math.isnan, values)):
+        return  # the common case at C speed
     for position, value in enumerate(values):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        if not _log_prob(value):
             raise ValueError(f"rollout_log_probs[{position}]: must be a number, got {value!r}")
 
 
+def _non_string_keys(value: object) -> list:
+    """The dict keys (at any depth) that are not strings."""
+    found, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            found += [key for key in item if not isinstance(key, str)]
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return found
+
+
 def _check_metadata(name: str, metadata: object) -> dict:
+    """A dict that goes on the wire as UTF-8 JSON and comes back equal (lists for tuples): JSON values, string
+    keys (JSON would turn ``1`` into ``"1"``, and ``{1: .., "1": ..}`` into one key), no lone surrogate."""
     if not isinstance(metadata, dict):
         raise ValueError(f"{name}: must be a dict, got {type(metadata).__name__}")
     try:
-        json.dumps(metadata, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        text = json.dumps(metadata, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"{name}: must be JSON-serialisable ({exc})") from None
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"{name}: strings must be valid Unicode (a lone surrogate is not)") from None
+    if json.loads(text) != metadata:  # at C speed; only a tuple or a key that is no string differs
+        keys = _non_string_keys(metadata)
+        if keys:
+            raise ValueError(f"{name}: keys must be strings (JSON object keys), got {keys[0]!r}")
     return metadata
 
 
 def validate_metadata(metadata: object) -> dict:
-    """Metadata of any record: a JSON-serialisable dict."""
+    """Metadata of any record (the gateway's rule too): a dict that JSON carries and gives back, as UTF-8."""
     return _check_metadata("metadata", metadata)
 
 
@@ -168,7 +224,7 @@ class Step:
         _check_metadata("metadata", self.metadata)
         if self.rollout_log_probs is not None:
             _check_log_probs(self.rollout_log_probs, len(self.response_ids))
-        _check_float("created_at", self.created_at)
+        _check_created_at(self.created_at)
         if self.channel is not None:
             validate_channel(self.channel)
         _check_n_rollouts(self.n_rollouts)
@@ -205,7 +261,7 @@ class TrajectoryEnd:
         _check_str("prompt_uid", self.prompt_uid)
         if self.reward is not None:
             _check_float("reward", self.reward)
-        _check_float("created_at", self.created_at)
+        _check_created_at(self.created_at)
         if self.channel is not None:
             validate_channel(self.channel)
         _check_n_rollouts(self.n_rollouts)

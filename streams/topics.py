@@ -109,6 +109,9 @@ class TopicSettings:
     (time and size) are enforced by the broker: stale data ages out whatever the
     producers do. Segments roll every minute so that those bounds bite promptly.
 
+    The partition counts size the topics these settings create; an existing topic keeps
+    its count (``infra.topics``: only ``trajbus topics --create`` with the flag raises one).
+
     ``replication_factor`` and ``min_insync_replicas`` are the cluster's defaults unless
     set (None): a managed cluster's topics get its replication, the embedded single
     broker's get one replica.

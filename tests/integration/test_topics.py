@@ -33,12 +33,15 @@ def test_provisioning_is_idempotent_and_applies_settings(bootstrap_servers: str,
 
 
 def test_changed_settings_are_applied_to_existing_topics(bootstrap_servers: str, prefix: str):
+    """Configs follow the settings; a partition count only when raising it is asked for (issue 35)."""
     ensure_topics(bootstrap_servers, TopicSettings(prefix=prefix, steps_partitions=2).channel_specs("train"))
     changed = TopicSettings(prefix=prefix, steps_partitions=3, groups_retention_ms=999)
     assert ensure_topics(bootstrap_servers, changed.channel_specs("train")) == []
     infos = {i.name: i for i in describe_topics(bootstrap_servers, prefix=f"{prefix}.")}
-    assert infos[steps_topic("train", prefix)].partitions == 3
+    assert infos[steps_topic("train", prefix)].partitions == 2
     assert infos[groups_topic("train", prefix)].config["retention.ms"] == "999"
+    ensure_topics(bootstrap_servers, changed.channel_specs("train"), grow_partitions=[steps_topic("train", prefix)])
+    assert describe_topics(bootstrap_servers, names=[steps_topic("train", prefix)])[0].partitions == 3
 
 
 def test_topics_cli_lists_partitions_offsets_and_configs(bootstrap_servers: str, prefix: str):
