@@ -26,6 +26,7 @@ calls is a fraction of httpx's), and request and answer bodies are orjson: the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -85,15 +86,41 @@ def _ids_of(choice: dict[str, Any]) -> list[int]:
     tokens = (choice.get("logprobs") or {}).get("tokens") or []
     if all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
         return [int(t.split(":", 1)[1]) for t in tokens]
-    raise BackendError("backend returned no token ids (needs vLLM's return_tokens_as_token_ids or "
-                       "return_token_ids)")
+    raise BackendError("no token ids (needs vLLM's return_tokens_as_token_ids or return_token_ids)")
 
 
 def _logprobs_of(choice: dict[str, Any]) -> list[float]:
     values = (choice.get("logprobs") or {}).get("token_logprobs")
     if values is None:
-        raise BackendError("backend returned no log-probabilities")
+        raise BackendError("no log-probabilities")
     return [float(v) for v in values]
+
+
+def _check_every_choice_ended(backend: Backend, ended: set[int], choices: int, what: str) -> None:
+    """An answer counts only once each of its choices has ended (a ``finish_reason``); else it is the engine's
+    fault, so no truncated reply is answered 200 nor published for the trainer."""
+    missing = sorted(set(range(choices)) - ended)
+    if missing:
+        backend.failures += 1
+        raise BackendError(f"backend {backend.address} {what} without finishing choice(s) {missing}: "
+                           "an unfinished reply")
+
+
+def whole_answer(backend: Backend, raw: bytes, choices: int) -> list[Completion]:
+    """A non-streamed completion's choices, by index; ``BackendError`` unless it is one, with ids and log-probs
+    for each of its ``choices`` (an error body, a chat completion or a proxy's page is the engine's fault)."""
+    try:
+        data = orjson.loads(raw)
+        if isinstance(data, dict) and "error" in data:
+            raise BackendError(f"an error: {str(data['error'])[:2000]}")
+        answer = [Completion(c["index"], _ids_of(c), _logprobs_of(c), c.get("text") or "",
+                             c.get("finish_reason") or "stop") for c in data["choices"]]
+    except (BackendError, ValueError, KeyError, TypeError) as exc:
+        backend.failures += 1
+        what = str(exc) if isinstance(exc, BackendError) else f"no completion ({type(exc).__name__}: {exc})"
+        raise BackendError(f"backend {backend.address} answered {what[:2000]}") from exc
+    _check_every_choice_ended(backend, {c.index for c in answer}, choices, "answered")
+    return sorted(answer, key=lambda c: c.index)
 
 
 def request_body(prompt_ids: list[int], sampling: dict[str, Any], model: str | None, stream: bool) -> dict[str, Any]:
@@ -239,22 +266,20 @@ class BackendPool:
         """One non-streaming call; returns the backend used and its choices."""
         backend, response = await self._send(request_body(prompt_ids, sampling, self.model, False), preferred)
         try:
-            data = orjson.loads(await response.read())
-            choices = [Completion(c["index"], _ids_of(c), _logprobs_of(c), c.get("text", ""),
-                                  c.get("finish_reason") or "stop") for c in data["choices"]]
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
+            choices = whole_answer(backend, await response.read(), sampling.get("n") or 1)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             backend.failures += 1
             raise BackendError(f"backend {backend.address} broke off: {type(exc).__name__}: {exc}") from exc
         finally:
             backend.in_flight -= 1
             response.release()
-        return backend.address, sorted(choices, key=lambda c: c.index)
+        return backend.address, choices
 
     async def stream(self, prompt_ids: list[int], sampling: dict[str, Any],
                      preferred: str | None = None) -> tuple[str, "EngineStream"]:
         """A streaming call: connects (with the no-answer retry) before returning the stream."""
         backend, response = await self._send(request_body(prompt_ids, sampling, self.model, True), preferred)
-        return backend.address, EngineStream(backend, response)
+        return backend.address, EngineStream(backend, response, sampling.get("n") or 1)
 
     def describe(self) -> list[dict[str, Any]]:
         return [b.describe() for b in self.backends.values()]
@@ -262,10 +287,19 @@ class BackendPool:
 
 class EngineStream:
     """A streaming answer: its pieces in order, and ``close`` to cut it (the connection is closed, so
-    the engine stops generating at its next token); a stream read to its end keeps its connection."""
+    the engine stops generating at its next token); a stream read to its end keeps its connection.
 
-    def __init__(self, backend: Backend, response: aiohttp.ClientResponse) -> None:
-        self.backend, self.response = backend, response
+    Only a finished answer counts: a stream must end with ``[DONE]`` after a ``finish_reason`` for each
+    choice. A body that ends otherwise (an engine that stopped early, a proxy that cut it) is a
+    ``BackendError``: the agent gets a 502 and the trainer no truncated step. A JSON body instead of a
+    stream (an engine that ignored ``stream``, a proxy that buffers) is read as the whole answer when it is
+    a valid non-streamed completion: its ids and log-probs are exactly what was sampled, so capture stays
+    token-exact and only the chance to cut it for a weight update is lost, which a finished answer no
+    longer needs. A JSON body without them cannot be captured token-exactly and is refused (502).
+    """
+
+    def __init__(self, backend: Backend, response: aiohttp.ClientResponse, choices: int = 1) -> None:
+        self.backend, self.response, self.choices = backend, response, choices
         self._open = True
 
     def close(self, finished: bool = False) -> None:
@@ -277,24 +311,62 @@ class EngineStream:
     async def __aiter__(self) -> AsyncIterator[Completion]:
         finished = False
         try:
-            async for raw in self.response.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    finished = True
-                    return
-                chunk = orjson.loads(payload)
-                if "error" in chunk:
-                    raise BackendError(f"backend {self.backend.address} failed mid-stream: {chunk['error']}")
-                for choice in chunk.get("choices", []):
-                    ids = _ids_of(choice) if (choice.get("token_ids") or choice.get("logprobs")) else []
-                    yield Completion(choice["index"], ids, _logprobs_of(choice) if ids else [],
-                                     choice.get("text") or "", choice.get("finish_reason"))
+            if self.response.content_type == "application/json":
+                pieces = whole_answer(self.backend, await self.response.read(), self.choices)
+            else:
+                pieces = self._events()
+            async for piece in _aiter(pieces):
+                yield piece
+            finished = self._open
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             if self._open:  # not cut by us
                 self.backend.failures += 1
             raise BackendError(f"backend {self.backend.address} broke off mid-stream: {exc}") from exc
         finally:
             self.close(finished)
+
+    async def _events(self) -> AsyncIterator[Completion]:
+        """The server-sent events' pieces, up to ``[DONE]``; ``BackendError`` if the body ends unfinished."""
+        ended: set[int] = set()
+        async for raw in self.response.content:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                _check_every_choice_ended(self.backend, ended, self.choices, "ended its stream")
+                return
+            chunk = orjson.loads(payload)
+            if not isinstance(chunk, dict) or "error" in chunk:
+                error = chunk.get("error") if isinstance(chunk, dict) else f"not a completion chunk: {chunk!r:.200}"
+                raise BackendError(f"backend {self.backend.address} failed mid-stream: {error}")
+            for choice in chunk.get("choices") or []:
+                piece = self._piece(choice)
+                if piece.finish_reason:
+                    ended.add(piece.index)
+                yield piece
+        if self._open:  # the body ended, not cut by us
+            self.backend.failures += 1
+            raise BackendError(f"backend {self.backend.address} ended its stream before [DONE]: an unfinished "
+                               "reply")
+
+    def _piece(self, choice: Any) -> Completion:
+        """One choice of a chunk; a malformed one is the engine's fault (502), not the gateway's (500)."""
+        try:
+            ids = _ids_of(choice) if (choice.get("token_ids") or choice.get("logprobs")) else []
+            return Completion(choice["index"], ids, _logprobs_of(choice) if ids else [], choice.get("text") or "",
+                              choice.get("finish_reason"))
+        except (BackendError, AttributeError, KeyError, TypeError) as exc:
+            self.backend.failures += 1
+            raise BackendError(f"backend {self.backend.address} streamed {exc}") from None
+
+
+async def _aiter(pieces: list[Completion] | AsyncIterator[Completion]) -> AsyncIterator[Completion]:
+    """A whole answer's choices or a stream's pieces, iterated alike."""
+    if isinstance(pieces, list):
+        for piece in pieces:
+            yield piece
+    else:
+        async with contextlib.aclosing(pieces):
+            async for piece in pieces:
+                yield piece

@@ -12,7 +12,12 @@ A reply may also be ``{"text": ..., "delay": seconds}`` (a slow call),
 ``{"text": ..., "token_delay": seconds}`` (a slow generation: that long before
 each token, so a weight update can cut it mid-response) or ``{"fail": message,
 "delay": seconds}`` (a call the engine fails with HTTP 500), so tests can script
-an engine's faults.
+an engine's faults. Two more misbehave as a broken engine or proxy would, to a
+streaming request only (``Misbehaving``; meant for scripts served one call at a
+time): ``{"text": ..., "unstreamed": "whole"}`` answers one ``application/json``
+completion (ids and log-probs as asked), ``"unstreamed": "bare"`` one without
+ids or log-probs, and ``{"text": ..., "break_after": N}`` ends the body cleanly
+after N events (no ``finish_reason``, no ``[DONE]``).
 
 Weight updates are scripted too, deterministically: ``/update_weights_from_disk``
 counts a load (``GET /get_model_info`` says how many), and every token's
@@ -28,7 +33,6 @@ Run: ``python -m trajbus.infra.scripted_engine --tokenizer-path DIR --replies re
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import logging
 import threading
@@ -53,6 +57,10 @@ class ScriptedReply:
     token_delay: float = 0.0
     pieces: list[str] | None = None
     """Each token's text, when they join to the reply's (streamed text then costs O(tokens), not O(tokens^2))."""
+    unstreamed: str | None = None
+    """To a streaming request: ``whole``, one JSON completion; ``bare``, one without ids or log-probs."""
+    break_after: int | None = None
+    """To a streaming request: the body ends after this many events, with no finish_reason and no [DONE]."""
 
 
 def log_prob(position: int, load: int = 1) -> float:
@@ -97,7 +105,9 @@ class ScriptedEngine:
         self.loads = 1
         self.sampled_tokens = 0
         """Every token sampled, delivered or not (a benchmark compares it with what reached the agents)."""
-        self._replies = itertools.cycle([self._scripted(reply) for reply in replies])
+        self._replies = [self._scripted(reply) for reply in replies]
+        self._taken = 0
+        """Replies taken so far; the next is ``_replies[_taken % len(_replies)]``."""
         self._record = record
         self._lock = threading.Lock()
         self._cut: list[tuple[list[int], ScriptedReply]] = []
@@ -110,8 +120,21 @@ class ScriptedEngine:
         text = reply.get("text", "")
         ids = noncanonical_ids(self.tokenizer, text) + [self.tokenizer.eos_token_id]
         pieces = [self.tokenizer.decode([i], skip_special_tokens=True) for i in ids]
+        if reply.get("unstreamed") not in (None, "whole", "bare"):
+            raise ValueError(f"unstreamed: 'whole' or 'bare', not {reply['unstreamed']!r}")
         return ScriptedReply(text, ids, float(reply.get("delay", 0.0)), reply.get("fail"),
-                             float(reply.get("token_delay", 0.0)), pieces if "".join(pieces) == text else None)
+                             float(reply.get("token_delay", 0.0)), pieces if "".join(pieces) == text else None,
+                             reply.get("unstreamed"), reply.get("break_after"))
+
+    def upcoming(self) -> ScriptedReply:
+        """The reply the next new request takes (``Misbehaving`` decides how to answer it before it is sampled)."""
+        with self._lock:
+            return self._replies[self._taken % len(self._replies)]
+
+    def _next_reply(self) -> ScriptedReply:
+        reply = self._replies[self._taken % len(self._replies)]
+        self._taken += 1
+        return reply
 
     def generator(self, seed: int | None) -> None:
         return None
@@ -136,7 +159,7 @@ class ScriptedEngine:
     def sample(self, prompt_ids: list[int], params: SamplingParams, generator: None,
                on_token: Callable[[int, float, str], None] | None = None) -> Sample:
         with self._lock:
-            reply, start = self._continued(prompt_ids) or (next(self._replies), 0)
+            reply, start = self._continued(prompt_ids) or (self._next_reply(), 0)
             if self._record is not None:
                 with self._record.open("a") as out:
                     out.write(json.dumps({"prompt_ids": prompt_ids}) + "\n")
@@ -168,13 +191,79 @@ class ScriptedEngine:
         return Sample(list(ids), values, text, finish)
 
 
+class Misbehaving:
+    """ASGI middleware: a streaming ``/v1/completions`` request whose reply is scripted to misbehave is
+    answered as a broken engine or proxy would (see the module docstring); every other request passes."""
+
+    ENGINE_ONLY = ("logprobs", "return_token_ids", "return_tokens_as_token_ids")
+    """Fields a ``bare`` answer is asked without, so it carries neither ids nor log-probs."""
+
+    def __init__(self, app: Any, engine: ScriptedEngine) -> None:
+        self.app, self.engine = app, engine
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/v1/completions":
+            return await self.app(scope, receive, send)
+        raw = b""
+        while True:  # the whole body, to read ``stream`` and perhaps rewrite it
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        body, reply = self._body(raw), self.engine.upcoming()
+        if body.get("stream") and reply.unstreamed:
+            body["stream"] = False  # one JSON answer, to a request that asked for a stream
+            if reply.unstreamed == "bare":
+                body = {k: v for k, v in body.items() if k not in self.ENGINE_ONLY}
+            raw = json.dumps(body).encode()
+        elif body.get("stream") and reply.break_after is not None:
+            send = self._breaking(send, reply.break_after)
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    def _body(raw: bytes) -> dict:
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return {}
+        return body if isinstance(body, dict) else {}
+
+    @staticmethod
+    def _breaking(send: Callable, events: int) -> Callable:
+        """``send`` that ends the body cleanly after ``events`` events and drops the rest."""
+        sent, ended = 0, False
+
+        async def breaking(message: dict) -> None:
+            nonlocal sent, ended
+            if message["type"] != "http.response.body":
+                return await send(message)
+            if ended:
+                return None
+            keep = sent < events
+            sent += 1 if keep and message.get("body") else 0
+            ended = sent >= events or not message.get("more_body")
+            await send({**message, "body": message.get("body", b"") if keep else b"", "more_body": not ended})
+
+        return breaking
+
+
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     parser = argparse.ArgumentParser(prog="python -m trajbus.infra.scripted_engine", description=__doc__.split("\n")[0])
     parser.add_argument("--tokenizer-path", type=Path, required=True)
     parser.add_argument("--replies", type=Path, required=True,
-                        help="JSON list of replies served in turn: texts, or objects with text|fail and delay")
+                        help="JSON list of replies served in turn: texts, or objects with text|fail and delay, "
+                             "token_delay, unstreamed or break_after")
     parser.add_argument("--record", type=Path, help="append every received prompt to this JSON-lines file")
     parser.add_argument("--served-model-name", default="trajbus-scripted")
     parser.add_argument("--workers", type=int, default=1,
@@ -186,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     engine = ScriptedEngine(args.tokenizer_path, json.loads(args.replies.read_text()), args.record,
                             workers=args.workers)
     log.info("scripted engine serving %s on http://%s:%d", args.tokenizer_path, args.host, args.port)
-    uvicorn.run(create_app(engine, args.served_model_name), host=args.host, port=args.port, log_level="warning",
+    app = Misbehaving(create_app(engine, args.served_model_name), engine)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
                 log_config=None, timeout_graceful_shutdown=5)
     engine.executor.shutdown()
     return 0
