@@ -33,6 +33,8 @@ from typing import Any, Mapping
 
 import javaproperties
 
+from trajbus.infra.outage import cluster_outage
+
 CONFIG_FILE_VAR = "TRAJBUS_KAFKA_CONFIG"
 ENV_PREFIX = "TRAJBUS_KAFKA_"
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -145,19 +147,31 @@ CLIENT_LOGGER = "trajbus.kafka"
 
 class ClientLog:
     """librdkafka's lines as Python log records of a trajbus logger, so they reach the terminal only
-    through the process's log setup (formatted as ours), never as raw stderr or Python's bare
-    last-resort handler. A retry the client resolves by itself (``Coordinator load in progress:
-    retrying`` while a fresh broker loads its coordinator) is DEBUG: it is not news to a person."""
+    through the process's log setup (formatted as ours), never as raw stderr or, at WARNING and above,
+    as Python's bare last-resort lines of a process that set up no logging.
 
-    SELF_RESOLVING = re.compile(r"retrying|will retry|Coordinator load in progress", re.I)
+    DEBUG, because they are not news to a person: each connection attempt of an outage and what it
+    failed (``FAIL``, ``Connect to ... failed``, ``N/N brokers are down``, a request's ``Broker transport
+    failure``: the outage itself is told once, by ``infra.outage``), and a retry the client resolves by
+    itself (``Coordinator load in progress: retrying`` while a fresh broker loads its coordinator, a
+    group session lost to an outage and rejoined)."""
+
+    SELF_RESOLVING = re.compile(r"retrying|will retry|Coordinator load in progress|rejoining group", re.I)
+    ATTEMPT_FACILITIES = frozenset({"FAIL", "BROKERFAIL", "REQTMOUT"})
+    ATTEMPT = re.compile(r"Connect to .* failed|Connection refused|Disconnected|brokers are down|"
+                         r"Failed to resolve|Receive failed|Send failed|Timed out \d+ in-flight|"
+                         r"Broker transport failure|All broker connections are down", re.I)
 
     def __init__(self, logger: logging.Logger) -> None:
         self.logger = logger
 
     def log(self, level: int, msg: str, *args: Any) -> None:
         """confluent-kafka's call: ``log(level, "%s [%s] %s", facility, client name, text)``."""
-        if logging.DEBUG < level < logging.ERROR and self.SELF_RESOLVING.search(str(args[-1] if args else msg)):
-            level = logging.DEBUG
+        if level > logging.DEBUG:
+            facility, text = (str(args[0]), str(args[-1])) if len(args) == 3 else ("", msg)
+            if facility in self.ATTEMPT_FACILITIES or self.ATTEMPT.search(text) or \
+                    (level < logging.ERROR and self.SELF_RESOLVING.search(text)):
+                level = logging.DEBUG
         self.logger.log(level, msg, *args)
 
 
@@ -165,23 +179,46 @@ def client_config(bootstrap_servers: "str | KafkaConnection", settings: Mapping[
                   ) -> dict[str, Any]:
     """A confluent-kafka producer, consumer or admin configuration: the connection, then the client's
     own ``settings`` (which win: they say what the client is for). Its ``logger`` (default
-    ``trajbus.kafka``) is wrapped in ``ClientLog``: every client's library lines pass here."""
-    config = {**KafkaConnection.of(bootstrap_servers).librdkafka(), "error_cb": _client_error, **(settings or {})}
+    ``trajbus.kafka``) is wrapped in ``ClientLog`` and its ``error_cb`` is a ``ClientErrors`` of its
+    cluster: every client's library lines and errors pass here (a probe passes an ``error_cb`` of its own
+    to stay out of the outage it probes)."""
+    connection = KafkaConnection.of(bootstrap_servers)
+    config = {**connection.librdkafka(), "error_cb": ClientErrors(connection.bootstrap_servers), **(settings or {})}
     logger = config.get("logger") or logging.getLogger(CLIENT_LOGGER)
     config["logger"] = logger if isinstance(logger, ClientLog) else ClientLog(logger)
     return config
 
 
-def _client_error(error: Any) -> None:
-    """librdkafka's error callback: remembers refused credentials or a failed TLS handshake, so a
-    command can name it."""
-    global _authentication_failure
-    from confluent_kafka import KafkaError
+class ClientErrors:
+    """librdkafka's error callback of one client: refused credentials or a failed TLS handshake are
+    remembered, so a command can name them; connection failures go to the cluster's ``ClusterOutage``,
+    which tells an outage once (each error itself is a DEBUG record)."""
 
-    kind = {KafkaError._AUTHENTICATION: "authentication", KafkaError._SSL: "TLS handshake"}.get(error.code())
-    if kind is not None and _authentication_failure != (kind, error.str()):
-        _authentication_failure = (kind, error.str())
-        logging.getLogger(__name__).debug("kafka %s failed: %s", kind, error.str())  # callers say it
+    def __init__(self, bootstrap_servers: str) -> None:
+        self.outage = cluster_outage(bootstrap_servers)
+
+    def __call__(self, error: Any) -> None:
+        global _authentication_failure
+        from confluent_kafka import KafkaError
+
+        code = error.code()
+        kind = {KafkaError._AUTHENTICATION: "authentication", KafkaError._SSL: "TLS handshake"}.get(code)
+        if kind is not None and _authentication_failure != (kind, error.str()):
+            _authentication_failure = (kind, error.str())
+            logging.getLogger(__name__).debug("kafka %s failed: %s", kind, error.str())  # callers say it
+        if code == KafkaError._ALL_BROKERS_DOWN:
+            self.outage.all_brokers_down()
+        elif code in (KafkaError._TRANSPORT, KafkaError._RESOLVE) or kind is not None:
+            self.outage.failure(_attempt(error.str()))
+        logging.getLogger(CLIENT_LOGGER).debug("kafka client error: %s", error.str())
+
+
+def _attempt(text: str) -> str:
+    """A failed attempt's words without the broker handle's prefix and timings, for the outage's line:
+    ``127.0.0.1:9/bootstrap: Connect to ipv4#127.0.0.1:9 failed: Connection refused (after 0ms in state
+    CONNECT)`` is ``Connect to ipv4#127.0.0.1:9 failed: Connection refused``."""
+    text = re.sub(r"^\S+/(\d+|bootstrap): ", "", text)
+    return re.sub(r" \(after \d+ms in state \w+\)", "", text).strip()
 
 
 def authentication_failure(bootstrap_servers: str | None = None, timeout: float = 3.0) -> str | None:

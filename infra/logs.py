@@ -16,9 +16,10 @@ CHATTY = ("httpx", "httpx2")
 class RepeatFilter(logging.Filter):
     """A Kafka client's line that says what it said in the last ``window`` seconds is dropped.
 
-    While a broker is down, librdkafka and aiokafka report every reconnect attempt
-    (every 50 ms to 1 s); the state change is news, the repeats are not. Lines are
-    compared with their numbers blanked (timings, ids, counters).
+    While a broker is down, aiokafka (the worker's Faust clients) reports every reconnect
+    attempt (every 50 ms to 1 s); the state change is news, the repeats are not. Lines are
+    compared with their numbers blanked (timings, ids, counters). (librdkafka's attempts are
+    DEBUG records already; ``infra.outage`` tells its outage in two lines.)
     """
 
     CLIENT_LINE = re.compile(r"\[rdkafka#|^(aiokafka|kafka)\b")

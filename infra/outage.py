@@ -1,33 +1,196 @@
-"""How long Kafka has been unreachable, for components that ride through outages up to a limit.
+"""Kafka outages as this process's clients see them: one line when one begins, one when it ends.
 
-Kafka clients reconnect on their own, so a broker restart needs nothing from a
-person. What a supervisor needs is the opposite case: an outage that does not end.
-``OutageWatch`` asks the broker for metadata every few seconds from a thread of its
-own; it logs the state changes (lost, back), and past ``limit`` seconds calls
-``on_limit`` once, after which the component exits non-zero with one line.
+librdkafka reports every reconnect attempt (every 50 ms to 1 s per client, per broker): a
+20 s outage was 80 lines from one producer, and a consumer at a wrong address 194 lines in
+5 s. What a person needs is the state change. ``ClusterOutage`` keeps one cluster's state
+for the whole process (every client built by ``infra.clients`` reports to it through its
+``error_cb``, see ``kafka_config.client_config``): when a client has lost every broker, a
+probe of its own (one metadata request a second, only while in doubt) confirms it, and the
+outage is logged once at WARNING, naming the bootstrap servers; when the probe is answered
+again, once at INFO with its duration. The attempts themselves are DEBUG records.
+
+``OutageWatch`` is for components that ride through outages up to a limit (worker,
+gateway): it probes every few seconds even when no client is busy, reports to the same
+``ClusterOutage``, and past ``limit`` seconds calls ``on_limit`` once, after which the
+component exits non-zero with one line.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable, Protocol
 
-from confluent_kafka import KafkaException
-
-from trajbus.infra.clients import reader
+from confluent_kafka import KafkaError, KafkaException
 
 log = logging.getLogger(__name__)
 
+PROBE_TIMEOUT = 3.0
+"""One probe's wait for metadata: long enough that a slow but healthy broker is not called down."""
+
+PROBE_INTERVAL = 1.0
+"""Between probes while a cluster is down: how late "outage ended" may come."""
+
+QUIET = 30.0
+"""Probing stops once no client reported a failure for this long (they were all closed, or none polls):
+the outage stays open, without a line, until a client reports again."""
+
+
+class Probe(Protocol):
+    def check(self) -> str | None:
+        """None when the cluster answered; else why not."""
+
+    def close(self) -> None: ...
+
+
+class MetadataProbe:
+    """A metadata request on a reader of its own, quiet (its attempts are the outage, already told).
+    A fresh reader that loses every broker says so at once (a refused connection): that is an answer
+    too, without waiting out the timeout."""
+
+    def __init__(self, servers: str) -> None:
+        from trajbus.infra.clients import reader  # clients -> kafka_config -> this module
+
+        self._lost = threading.Event()
+        self._reader = reader(servers, {"logger": log, "log_level": 0, "error_cb": self._error,
+                                        "reconnect.backoff.max.ms": int(PROBE_INTERVAL * 1000)})
+
+    def _error(self, error: Any) -> None:
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._lost.set()
+
+    def check(self) -> str | None:
+        deadline = time.monotonic() + PROBE_TIMEOUT
+        while True:
+            try:
+                self._reader.list_topics(timeout=0.25)
+                return None
+            except KafkaException as exc:
+                self._reader.poll(0)  # serves the error callback
+                if self._lost.is_set() or time.monotonic() > deadline:
+                    self._lost.clear()
+                    return str(exc)
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+def _ignore(_error: Any) -> None:
+    """A probe's own errors: the outage it looks at, told once by ``ClusterOutage``."""
+
+
+class ClusterOutage:
+    """One cluster's reachability for every client of this process, and the two lines of an outage."""
+
+    def __init__(self, servers: str, probe: Callable[[str], Probe] = MetadataProbe,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.servers = servers
+        self.down_since: float | None = None
+        """Wall-clock time the current outage began (None: no outage known)."""
+        self.reason: str | None = None
+        """The last failed attempt's words a client reported (the outage line gives them)."""
+        self._began: float | None = None
+        self._last_failure = float("-inf")
+        self._probe, self._clock = probe, clock
+        self._lock = threading.Lock()
+        self._watcher: threading.Thread | None = None
+
+    def all_brokers_down(self) -> None:
+        """A client lost every broker: a probe tells a real outage from a client's late report of an old one."""
+        self._reported(None, start=True)
+
+    def failure(self, reason: str) -> None:
+        """A client's connection attempt failed (every attempt lands here): the reason the outage line gives."""
+        self._reported(reason, start=self._began is not None)
+
+    def _reported(self, reason: str | None, start: bool) -> None:
+        with self._lock:
+            self._last_failure = self._clock()
+            if reason:
+                self.reason = reason
+            if start and (self._watcher is None or not self._watcher.is_alive()):
+                self._watcher = threading.Thread(target=self._watch, name="kafka-outage-probe", daemon=True)
+                self._watcher.start()
+
+    def failed(self, reason: str | None = None) -> None:
+        """The cluster is confirmed unreachable: the outage's first line, once."""
+        with self._lock:
+            if self._began is not None:
+                return
+            self._began, self.down_since = self._clock(), time.time()
+            reason = reason or self.reason or "no broker answered"
+        log.warning("Kafka outage began: no broker of %s answers (%s); clients keep retrying, each attempt "
+                    "logged at DEBUG", self.servers, reason)
+
+    def reached(self) -> None:
+        """The cluster answered: the outage's last line, once."""
+        with self._lock:
+            began, self._began, self.down_since = self._began, None, None
+        if began is not None:
+            log.info("Kafka outage ended: %s answers again after %.1fs", self.servers, self._clock() - began)
+
+    def _watch(self) -> None:
+        """Probe until the cluster answers, or until no client has reported a failure for ``QUIET`` s.
+        A probe that cannot be built or asked must not take a client down: it ends the watch (DEBUG)."""
+        try:
+            probe = self._probe(self.servers)
+        except Exception:
+            log.debug("kafka outage probe of %s not built", self.servers, exc_info=True)
+            return
+        try:
+            while True:
+                started = self._clock()
+                why = probe.check()
+                if why is None:
+                    self.reached()
+                    return
+                self.failed(self.reason or why)
+                if self._clock() - self._last_failure > QUIET:
+                    return
+                time.sleep(max(0.0, PROBE_INTERVAL - (self._clock() - started)))
+        except Exception:
+            log.debug("kafka outage probe of %s failed", self.servers, exc_info=True)
+        finally:
+            probe.close()
+
+
+_clusters: dict[str, ClusterOutage] = {}
+_clusters_lock = threading.Lock()
+
+
+def cluster_outage(servers: str) -> ClusterOutage:
+    """The process's one ``ClusterOutage`` of ``servers`` (the same list in any order is the same cluster)."""
+    key = ",".join(sorted(part.strip() for part in servers.split(",") if part.strip()))
+    with _clusters_lock:
+        if key not in _clusters:
+            _clusters[key] = ClusterOutage(servers)
+        return _clusters[key]
+
+
+def _forget_after_fork() -> None:
+    """A forked child (a gateway instance) has none of its parent's probe threads: it starts afresh."""
+    global _clusters_lock
+    _clusters.clear()
+    _clusters_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
 
 class OutageWatch:
+    """Probes every ``interval`` s from a thread of its own; past ``limit`` s unreachable, ``on_limit`` once."""
+
     def __init__(self, bootstrap_servers: str, limit: float, on_limit: Callable[[str], None],
                  interval: float = 5.0, what: str = "component") -> None:
+        from trajbus.infra.clients import reader  # clients -> kafka_config -> this module
+
         self.limit, self.interval, self.what = limit, interval, what
         self.down_since: float | None = None
         self._on_limit = on_limit
-        self._probe = reader(bootstrap_servers, {"logger": log, "log_level": 0})
+        self._cluster = cluster_outage(bootstrap_servers)
+        self._probe = reader(bootstrap_servers, {"logger": log, "log_level": 0, "error_cb": _ignore})
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kafka-outage-watch", daemon=True)
 
@@ -45,13 +208,13 @@ class OutageWatch:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             if self._reachable():
-                if self.down_since is not None:
-                    log.info("kafka reachable again after %.0fs", time.time() - self.down_since)
+                self._cluster.reached()
                 self.down_since = None
                 continue
+            self._cluster.failed()
             if self.down_since is None:
                 self.down_since = time.time()
-                log.warning("kafka unreachable; the %s rides through it for up to %gs", self.what, self.limit)
+                log.info("the %s rides through the Kafka outage for up to %gs", self.what, self.limit)
             if time.time() - self.down_since > self.limit:
                 self._on_limit(f"Kafka unreachable for {time.time() - self.down_since:.0f}s "
                                f"(--broker-outage-limit {self.limit:g}); exiting for a supervisor to restart it")

@@ -1,0 +1,42 @@
+"""Every test, unit and integration: what it printed holds no raw librdkafka line.
+
+trajbus owns its Kafka clients' logs (issue 35): their lines pass through Python logging, an outage is
+told once, each attempt at DEBUG. A line librdkafka printed itself (``%4|1732420000.123|GETPID|...``,
+a client built without trajbus's ``logger``), or one of its lines printed bare by Python's last-resort
+handler (``FAIL [rdkafka#producer-4] ...``, a WARNING-or-above record in a process that set up no
+logging), fails the test that captured it, naming the line. A line in trajbus's own log format went
+through logging and is not raw; a subprocess's output to its log file is not captured output.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import pytest
+
+RAW_LIBRDKAFKA = re.compile(r"rdkafka#|^%\d\|")
+OUR_FORMAT = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ [A-Z]+ \S+ ")
+"""``infra.logs.FORMAT``: a line logged through a handler of ours."""
+
+
+def raw_librdkafka_lines(text: str) -> list[str]:
+    """The lines of ``text`` that librdkafka (or the last-resort handler, with its words) printed raw."""
+    return [line for line in text.splitlines() if RAW_LIBRDKAFKA.search(line) and not OUR_FORMAT.match(line)]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A phase (setup, call, teardown) that passed fails if its captured stdout or stderr holds a raw line."""
+    report: pytest.TestReport = yield
+    if report.outcome != "passed":
+        return report
+    captured = "\n".join(content for title, content in report.sections
+                         if title.startswith(("Captured stdout", "Captured stderr"))
+                         and title.endswith(f" {call.when}"))
+    raw = raw_librdkafka_lines(captured)
+    if raw:
+        report.outcome = "failed"
+        report.longrepr = (f"{len(raw)} raw librdkafka line(s) in the {call.when} phase's captured output "
+                           f"(trajbus's clients log through Python logging); the first: {raw[0]}")
+    return report
