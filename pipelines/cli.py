@@ -26,7 +26,8 @@ from trajbus.pipelines.broker_command import BrokerUsageError, add_broker_parser
 from trajbus.infra.topics import ReplicationError, consumer_groups_lag, describe_topics, ensure_topics
 from trajbus.streams.settings import ENV_PREFIX as WORKER_ENV
 from trajbus.streams.settings import ChannelSettings, WorkerSettings
-from trajbus.streams.topics import DEFAULT_CHANNELS, DEFAULT_PREFIX, TopicSettings, channel_setting, validate_channel
+from trajbus.streams.topics import (DEFAULT_CHANNELS, DEFAULT_PREFIX, TopicSettings, channel_setting, chunks_topic,
+                                    groups_topic, steps_topic, validate_channel)
 
 EXIT_USAGE = 2
 
@@ -43,22 +44,33 @@ def _channels(text: str) -> tuple[str, ...]:
 
 
 def _topic_settings(args: argparse.Namespace) -> TopicSettings:
+    """The topic settings of the flags; a partition flag not given is TopicSettings' default."""
+    counts = {name: getattr(args, name) for name in ("steps_partitions", "groups_partitions")
+              if getattr(args, name) is not None}
     try:
-        return TopicSettings(prefix=args.prefix, steps_partitions=args.steps_partitions,
-                             groups_partitions=args.groups_partitions, replication_factor=args.replication_factor,
-                             min_insync_replicas=args.min_insync_replicas)
+        return TopicSettings(prefix=args.prefix, replication_factor=args.replication_factor,
+                             min_insync_replicas=args.min_insync_replicas, **counts)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
 # -- topics ---------------------------------------------------------------------
 
+def _raised_on_purpose(args: argparse.Namespace, settings: TopicSettings) -> list[str]:
+    """The topics whose partition count the command line names: only those may be raised (a default is
+    no request to change an existing topic's count; ``infra.topics``)."""
+    kinds = ([steps_topic] if args.steps_partitions is not None else []) + \
+        ([groups_topic, chunks_topic] if args.groups_partitions is not None else [])
+    return [name(channel, settings.prefix) for name in kinds for channel in args.channels]
+
+
 def cmd_topics(args: argparse.Namespace) -> int:
     servers = resolve_bootstrap_servers(args.bootstrap_servers)
     settings = _topic_settings(args)
     if args.create:
-        created = ensure_topics(servers, settings.specs(args.channels))
-        print(f"provisioned {len(settings.specs(args.channels))} topics ({len(created)} new)")
+        specs = settings.specs(args.channels)
+        created = ensure_topics(servers, specs, grow_partitions=_raised_on_purpose(args, settings))
+        print(f"provisioned {len(specs)} topics ({len(created)} new)")
     infos = describe_topics(servers, prefix=f"{settings.prefix}.")
     if not infos:
         print(f"no topics under prefix {settings.prefix!r} (create them with --create)")
@@ -77,7 +89,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
 # -- worker ---------------------------------------------------------------------
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from trajbus.streams.worker import run_worker
+    from trajbus.streams.worker import PartitionMismatch, run_worker
 
     try:
         default = ChannelSettings(**resolve(ChannelSettings, args, WORKER_ENV))
@@ -89,7 +101,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                   overrides=overrides, **resolve(WorkerSettings, args, WORKER_ENV))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    run_worker(settings, args.bootstrap_servers)
+    try:
+        run_worker(settings, args.bootstrap_servers)
+    except PartitionMismatch as exc:  # the user settles the count (README, "The stream worker")
+        raise UsageError(str(exc)) from None
     return 0
 
 
@@ -100,11 +115,12 @@ STATS_COLUMNS = [
     ("groups[partial]", "partial"), ("groups[emitted]", "emitted"), ("pending_groups", "pending"),
     ("pending_trajectories", "pend traj"), ("queue_depth", "queue"), ("duplicate_events", "dups"),
     ("late_events", "late"), ("policy_version", "policy"), ("in_flight_groups", "gw in flight"),
+    ("partitions_held", "partitions"),
 ]
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from trajbus.streams.stats import read_snapshots, summarize
+    from trajbus.streams.stats import held_partitions, read_snapshots, summarize
 
     servers = resolve_bootstrap_servers(args.bootstrap_servers)
     started, deadline = time.time(), time.monotonic() + args.wait
@@ -116,7 +132,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.json:
         import json
 
-        print(json.dumps({"workers": len(snapshots), "channels": summary}, indent=2, sort_keys=True))
+        print(json.dumps({"workers": len(snapshots), "channels": summary, "partitions": held_partitions(snapshots)},
+                         indent=2, sort_keys=True))
         return 0
     if not summary:
         print(f"no worker statistics under prefix {args.prefix!r} yet (is `trajbus worker` running?)")
@@ -125,6 +142,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print_table(["channel", *(title for _, title in STATS_COLUMNS)],
                 [[channel, *(round(row.get(key, 0)) for key, _ in STATS_COLUMNS)]
                  for channel, row in sorted(summary.items())], title=f"workers: {live} live, {len(snapshots)} seen")
+    for worker_id, held in sorted(held_partitions(snapshots).items()) if args.workers else ():
+        print(f"{worker_id} holds " + ("; ".join(f"{channel} partitions {','.join(map(str, partitions))}"
+                                                 for channel, partitions in sorted(held.items())) or "no partition"))
     for channel, row in sorted(summary.items()):
         drops = {k[len("groups_dropped["):-1]: v for k, v in row.items() if k.startswith("groups_dropped[")}
         dlq = {k[len("dlq_records["):-1]: v for k, v in row.items() if k.startswith("dlq_records[")}
@@ -232,8 +252,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     add_connection_arguments(parser)
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)")
-    parser.add_argument("--steps-partitions", type=positive_int, default=TopicSettings.steps_partitions)
-    parser.add_argument("--groups-partitions", type=positive_int, default=TopicSettings.groups_partitions)
+    parser.add_argument("--steps-partitions", type=positive_int, default=None,
+                        help=f"partitions of each steps topic (default: {TopicSettings.steps_partitions}); "
+                             "`topics --create` raises an existing topic's count only when given")
+    parser.add_argument("--groups-partitions", type=positive_int, default=None,
+                        help=f"partitions of each groups topic (default: {TopicSettings.groups_partitions})")
     parser.add_argument("--replication-factor", type=positive_int, default=None,
                         help="replicas of every topic trajbus creates (default: the cluster's default.replication.factor)")
     parser.add_argument("--min-insync-replicas", type=positive_int, default=None,
@@ -267,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_connection_arguments(stats)
     stats.add_argument("--prefix", default=DEFAULT_PREFIX)
     stats.add_argument("--json", action="store_true", help="machine-readable output")
+    stats.add_argument("--workers", action="store_true",
+                       help="also one line per live worker: the steps partitions it holds (in --json: always)")
     stats.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                        help="wait up to SECONDS for a worker's snapshot taken after this command started")
     stats.set_defaults(func=cmd_stats)

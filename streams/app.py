@@ -44,6 +44,7 @@ from trajbus.infra.kafka_config import faust_credentials
 from trajbus.infra.retry import retrying_async
 from trajbus.streams import codec, ledger
 from trajbus.streams.assembly import Outcome, PendingGroup
+from trajbus.streams.assignment_watch import watch_assignment
 from trajbus.streams.bodies import StepBodies
 from trajbus.streams.dlq import dlq_headers
 from trajbus.streams.emission import PREFIX_MISMATCH, GroupEmission
@@ -53,7 +54,7 @@ from trajbus.streams.prefix import StepDelta, step_of
 from trajbus.streams.positions import SourcePositions
 from trajbus.streams.queue_bound import bound_queues
 from trajbus.streams.recovery import PartitionRecovery
-from trajbus.streams.recovery_watch import RecoveryWatch
+from trajbus.streams.recovery_watch import watch_recovery
 from trajbus.streams.records import Step, TrajectoryEnd
 from trajbus.streams.settings import WorkerSettings
 from trajbus.streams.state_keys import SourceRecord, StateKey, read_range
@@ -393,11 +394,8 @@ def build_app(bootstrap_servers: str, settings: WorkerSettings, datadir: Path) -
         except Exception:  # noqa: BLE001 - periodic work retries next second; assembly goes on
             log.exception("periodic work failed; retrying in a second")
 
-    watch = RecoveryWatch(app.tables.recovery)
-
-    @app.timer(5.0)
-    async def watch_recovery() -> None:
-        watch.check()
+    watch_recovery(app)
+    watch_assignment(app, assembler)
 
     @app.on_partitions_revoked.connect
     async def forget_positions_on_revoke(app: faust.App, revoked: set, **kwargs: Any) -> None:

@@ -1,5 +1,5 @@
 """The Faust classes trajbus adapts: an idempotent producer, a consumer that fetches at
-once, and a table keyed by partition.
+once and rejoins its group on request, and a table keyed by partition.
 
 A retried send must be written once. Faust turns on producer idempotence only with
 ``processing_guarantee="exactly_once"`` (transactions, which Tansu lacks and which cost
@@ -7,6 +7,9 @@ a round trip per commit). Without it, a send whose acknowledgement is lost to a 
 restart is retried and lands twice: a ready group would reach the trainer twice (seen
 in the broker-restart test). With idempotence the broker drops the retry by its
 producer id and sequence number.
+
+A group that lost a topic must get it back: ``EagerFetchConsumer.rejoin_for`` (the assignment
+watch, ``streams.assignment_watch``) refreshes the consumer's metadata and rejoins the group.
 
 A record must reach the worker at once. Faust creates its aiokafka consumer with
 ``fetch_max_wait_ms=1500``, and aiokafka keeps one fetch in flight per broker: a
@@ -71,12 +74,31 @@ class EagerFetchConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read when the consumer starts its fetcher
         return consumer
 
+    async def refresh_and_rejoin(self, topics: frozenset[str]) -> set[str]:
+        """In this thread (aiokafka's loop): refresh the consumer's metadata, then, if it knows any of
+        ``topics`` now, ask the group coordinator to rejoin; returns the topics it knows.
+
+        A plain rejoin would not do: the leader assigns from the metadata it holds, and aiokafka
+        refreshes that only every ``metadata_max_age_ms`` (5 min) while no partition is fetched."""
+        consumer = self._ensure_consumer()
+        await consumer._client.force_metadata_update()
+        known = {topic for topic in topics if consumer._client.cluster.partitions_for_topic(topic)}
+        if known:
+            consumer._coordinator.request_rejoin()
+        return known
+
 
 class EagerFetchConsumer(faust_aiokafka.Consumer):
     logger = FAUST_LOG
 
     def _new_consumer_thread(self) -> EagerFetchConsumerThread:
         return EagerFetchConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def rejoin_for(self, topics: frozenset[str]) -> set[str]:
+        """Rejoin the group if Kafka knows any of ``topics`` (``refresh_and_rejoin``); returns those."""
+        thread = self._thread
+        assert isinstance(thread, EagerFetchConsumerThread)
+        return await thread.call_thread(thread.refresh_and_rejoin, topics)
 
 
 class IdempotentApp(faust.App):

@@ -15,6 +15,8 @@ import logging
 import time
 from typing import Any, Callable
 
+import faust
+
 log = logging.getLogger("trajbus.worker")
 
 STALL_SECONDS = 30.0
@@ -45,3 +47,14 @@ class RecoveryWatch:
                     self.clock() - started)
         self.recovery.signal_recovery_start.set()
         return True
+
+
+def watch_recovery(app: faust.App, every: float = 5.0) -> RecoveryWatch:
+    """A watch over ``app``'s table recovery, checked every ``every`` seconds."""
+    watch = RecoveryWatch(app.tables.recovery)
+
+    @app.timer(every)
+    async def check_recovery() -> None:
+        watch.check()
+
+    return watch

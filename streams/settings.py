@@ -114,6 +114,10 @@ class WorkerSettings:
     broker_outage_limit: float = setting(
         120.0, parse=positive_float,
         help="seconds Kafka may be unreachable before the worker exits non-zero for a supervisor")
+    unassigned_timeout: float = setting(
+        30.0, parse=positive_float,
+        help="seconds a topic the worker reads may stay out of its group's assignment (an assignment made "
+             "while the broker did not know the topic) before the worker rejoins the group to get its partitions")
     faust_loglevel: str = setting("WARNING", help="log level of Faust and its Kafka clients")
 
     def __post_init__(self) -> None:

@@ -56,9 +56,22 @@ class WorkerMetrics:
         self.steps_read_back = Counter("trajbus_worker_steps_read_back",
                                        "Steps-topic records read back to emit groups whose bodies were not held",
                                        registry=r)
+        self.partitions_held = Gauge("trajbus_worker_partitions_held",
+                                     "1 for each steps partition this worker holds (none while rebalancing)",
+                                     ["channel", "partition"], registry=r)
+        self.group_rejoins = Counter("trajbus_worker_group_rejoins",
+                                     "Consumer-group rejoins for a topic the group's assignment left out",
+                                     registry=r)
         self.staleness = Histogram("trajbus_worker_group_staleness",
                                    "Policy versions between a group's oldest step and the current policy",
                                    ["channel"], buckets=STALENESS_BUCKETS, registry=r)
+
+    def hold(self, held: dict[str, set[int]]) -> None:
+        """The steps partitions held now, by channel (after an assignment; ``{}`` once they are revoked)."""
+        self.partitions_held.clear()
+        for channel, partitions in held.items():
+            for partition in partitions:
+                self.partitions_held.labels(channel, str(partition)).set(1)
 
     def snapshot(self) -> dict[str, Any]:
         """Every sample of the registry as ``[name, labels, value]``, stamped with worker and time."""
@@ -95,6 +108,22 @@ def summarize(snapshots: list[dict[str, Any]], live_within: float = 30.0) -> dic
                 else:
                     row[short] += value
     return {c: dict(v) for c, v in channels.items()}
+
+
+def held_partitions(snapshots: list[dict[str, Any]], live_within: float = 30.0) -> dict[str, dict[str, list[int]]]:
+    """Worker id -> channel -> the steps partitions it holds, for each live worker (one holding none: ``{}``)."""
+    now = time.time()
+    held: dict[str, dict[str, list[int]]] = {}
+    for snapshot in snapshots:
+        if now - snapshot["updated_at"] > live_within:
+            continue
+        mine = held.setdefault(snapshot["worker_id"], {})
+        for name, labels, value in snapshot["samples"]:
+            if name == "trajbus_worker_partitions_held" and value:
+                mine.setdefault(labels["channel"], []).append(int(labels["partition"]))
+        for partitions in mine.values():
+            partitions.sort()
+    return held
 
 
 def encode_snapshot(snapshot: dict[str, Any]) -> bytes:

@@ -5,6 +5,11 @@ reached (at start, or when Faust stops on a lost connection), the worker waits f
 it and starts again in the same process (``exec``: same pid, state recovered from
 the changelog as after any restart); only an outage longer than
 ``--broker-outage-limit`` ends it, non-zero, with one line, so a supervisor restarts it.
+
+A worker whose ``--steps-partitions`` differs from its steps topics' count refuses to start
+(``PartitionMismatch``, one line, exit 2) rather than adopt the topic's count: its table and
+changelog are partitioned like its source, so a count it was not told about is a configuration
+the user must settle (start it with the topic's count, or raise the topic on purpose).
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import faust
 from confluent_kafka import KafkaException
@@ -26,9 +33,10 @@ from trajbus.infra.kafka_config import KafkaUnreachable, connection_properties, 
 from trajbus.infra.logs import FORMAT
 from trajbus.infra.outage import OutageWatch
 from trajbus.infra.retry import retrying
-from trajbus.infra.topics import TopicSpec, ensure_topics
+from trajbus.infra.topics import TopicSpec, ensure_topics, partition_counts
 from trajbus.streams.app import GroupAssembler, build_app
 from trajbus.streams.settings import WorkerSettings
+from trajbus.streams.topics import steps_topic
 
 log = logging.getLogger("trajbus.worker")
 
@@ -50,9 +58,35 @@ def _logging_config(faust_level: str) -> dict:
     }
 
 
-def _provision(servers: str, specs: list[TopicSpec], outage_limit: float) -> None:
-    """Create the topics, waiting for Kafka while the outage (begun before a restart, or now) is in bounds.
-    A replication the cluster cannot hold is a configuration error: it stops the worker at once."""
+class PartitionMismatch(ValueError):
+    """A steps topic's partition count is not the worker's ``--steps-partitions``: names both numbers."""
+
+
+def _match_partitions(servers: str, assembler: GroupAssembler) -> None:
+    """Refuse a steps topic whose count differs from the worker's, before anything is provisioned. The
+    table's changelog follows its steps topics: one behind them (they were raised on purpose) is raised."""
+    settings = assembler.settings
+    wanted = settings.topics.steps_partitions
+    changelog = settings.topics.table_spec(assembler.state.changelog_topic.get_topic_name(), wanted)
+    names = [steps_topic(channel, settings.topics.prefix) for channel in settings.channels]
+    counts = partition_counts(servers, [*names, changelog.name], timeout=10.0)
+    for name in names:
+        count = counts.get(name, wanted)  # a missing topic is created with the worker's count
+        if count != wanted:
+            raise PartitionMismatch(
+                f"topic {name} has {count} partitions but this worker was given --steps-partitions {wanted}: "
+                f"start it with --steps-partitions {count}"
+                + (f" (or raise the topic on purpose: trajbus topics --create --steps-partitions {wanted})"
+                   if count < wanted else ""))
+    if counts.get(changelog.name, wanted) < wanted:
+        ensure_topics(servers, [changelog], timeout=10.0, grow_partitions=True)
+
+
+def _provision(servers: str, specs: list[TopicSpec], outage_limit: float,
+               check: Callable[[], None] | None = None) -> None:
+    """Create the topics, waiting for Kafka while the outage (begun before a restart, or now) is in bounds;
+    ``check`` runs first in each try. A replication the cluster cannot hold, or a ``check`` that refuses
+    (a ``ValueError``), is a configuration error: it stops the worker at once."""
     carried = float(os.environ.pop(OUTAGE_SINCE, "0") or 0)
     since = carried or time.time()
     attempts = retrying(max(0.0, outage_limit - (time.time() - since)), log,  # the one retry policy
@@ -60,6 +94,8 @@ def _provision(servers: str, specs: list[TopicSpec], outage_limit: float) -> Non
     try:
         for attempt in attempts:
             with attempt:
+                if check is not None:
+                    check()
                 ensure_topics(servers, specs, timeout=10.0)
     except (KafkaException, RuntimeError) as exc:
         raise KafkaUnreachable(f"Kafka at {servers} unreachable for {time.time() - since:.0f}s "
@@ -109,7 +145,8 @@ def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None) -
     log.info("worker connecting bootstrap=%s connection=%s", servers, redacted(connection_properties()))
     with tempfile.TemporaryDirectory(prefix=f"trajbus-{settings.app_id}-") as datadir:
         app, assembler = build_app(servers, settings, Path(datadir))
-        _provision(servers, worker_topics(assembler), outage_limit)
+        _provision(servers, worker_topics(assembler), outage_limit,
+                   check=partial(_match_partitions, servers, assembler))
         # Faust applies its loglevel to the handler, so the handler takes INFO and the
         # logger configuration decides what each library may say.
         worker = faust.Worker(app, loglevel="INFO", quiet=True, redirect_stdouts=False,

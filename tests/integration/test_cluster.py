@@ -27,7 +27,7 @@ from trajbus.pipelines.processes import worker_process
 from trajbus.pipelines.synthetic import group_steps
 from trajbus.streams.app import STATE_TABLE
 from trajbus.streams.producer import StepProducer
-from trajbus.streams.topics import TopicSettings, dlq_topic, groups_topic
+from trajbus.streams.topics import TopicSettings, dlq_topic, groups_topic, steps_topic
 from tests.helpers import end_offsets, flowing, read_to_end, wait_for
 from tests.integration.test_verl_queue_crash import assert_trained_once, end_the_epoch, lines, mid_mini_batch, role
 
@@ -197,4 +197,41 @@ def test_four_ranks_read_disjoint_shares(servers: str, prefix: str, tmp_path: Pa
     finally:
         for consumer in consumers:
             consumer.close()
+        worker.stop()
+
+
+def leaders(servers: str, topic: str) -> dict[int, int]:
+    """Partition -> the node leading it (-1: none yet)."""
+    admin = AdminClient({"bootstrap.servers": servers, "log_level": 0})
+    return {p: meta.leader for p, meta in admin.list_topics(topic, timeout=10).topics[topic].partitions.items()}
+
+
+def elected(servers: str, topic: str) -> int:
+    """The node leading the topic's partition 0, once one does (an election may be under way)."""
+    return wait_for(lambda: max(leader_of(servers, topic), 0), 30, f"a leader of {topic}[0]")
+
+
+def test_the_leaders_hard_bounced_five_times_lose_and_repeat_nothing(cluster: EmbeddedCluster, servers: str,
+                                                                     prefix: str, tmp_path: Path):
+    """ducktape's hard bounce under load: the node leading the groups partition and a steps partition is
+    SIGKILLed and started again at once, five times in a row, each time the node leading them then (a
+    groups leader that leads no steps partition is bounced, then steps partition 0's leader). Every
+    acknowledged group arrives, none twice, none in the DLQ."""
+    worker = worker_process(servers, prefix, tmp_path / "worker.log", n_rollouts=2)
+    steps, groups = steps_topic("train", prefix), groups_topic("train", prefix)
+    try:
+        with flowing(servers, prefix, worker) as flow:
+            flow.receive_until(lambda: len(flow.received) >= 3, 120, "groups before the bounces")
+            for _ in range(5):
+                victim = elected(servers, groups)
+                leads_steps = victim in leaders(servers, steps).values()
+                victims = [victim] if leads_steps else [victim, elected(servers, steps)]
+                for node_id in victims:
+                    kill(cluster.node(node_id))
+                    cluster.node(node_id).start()
+                    flow.more_acked(2)  # the cluster takes writes again before the next bounce
+            flow.finish()
+        assert sum(end_offsets(servers, dlq_topic(prefix))) == 0, "records went to the DLQ"
+        assert worker.alive(), f"the worker died:\n{worker.log_tail()}"
+    finally:
         worker.stop()
