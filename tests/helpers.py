@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import subprocess
@@ -40,10 +41,12 @@ def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: fl
 def read_topic(bootstrap_servers: str, topic: str, min_count: int = 0, timeout: float = 30.0,
                until: Callable[[list[Message]], bool] | None = None) -> list[Message]:
     """Every record of ``topic`` from the beginning, read until ``min_count`` (or ``until``) holds."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    quiet = {"logger": logging.getLogger("tests.kafka")}  # librdkafka's lines through logging, never raw stderr
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, **quiet})
     partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "tests.read_topic",
-                         "enable.auto.commit": False, "fetch.wait.max.ms": 50, "auto.offset.reset": "earliest"})
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 50, "auto.offset.reset": "earliest",
+                         **quiet})
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     done = until or (lambda got: len(got) >= min_count)
     messages: list[Message] = []
