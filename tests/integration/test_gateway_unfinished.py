@@ -85,20 +85,13 @@ def test_a_whole_json_completion_to_a_stream_request_is_the_answer(
     assert step.rollout_log_probs == pytest.approx(log_probs(len(ids)))
 
 
-def test_a_json_body_without_ids_or_log_probs_is_the_engines_fault(
-        bootstrap_servers, prefix, scripted_engine, start_gateway, tokenizer):
-    engine, _ = scripted_engine([{"text": "No ids.", "unstreamed": "bare"}, RETRIED])
-    gateway, _ = start_gateway([engine])
-    base_url = init(gateway)
-    assert_engine_fault(call(base_url))
-    assert published(bootstrap_servers, prefix) == []
-    assert call(base_url).json()["choices"][0]["message"]["content"] == RETRIED
-    assert_only_the_retry_published(bootstrap_servers, prefix, tokenizer)
-
-
-def test_a_stream_that_breaks_off_is_a_502_and_no_step(
-        bootstrap_servers, prefix, scripted_engine, start_gateway, tokenizer):
-    engine, _ = scripted_engine([{"text": "Cut short here.", "break_after": 2}, RETRIED])
+@pytest.mark.parametrize("unfinished", [{"text": "No ids.", "unstreamed": "bare"},
+                                        {"text": "Cut short here.", "break_after": 2}],
+                         ids=["a JSON body without ids or log-probs", "a stream that breaks off"])
+def test_an_unfinished_reply_is_a_502_and_no_step(
+        bootstrap_servers, prefix, scripted_engine, start_gateway, tokenizer, unfinished):
+    """One JSON body a step cannot be captured from, or a stream without ``[DONE]``: the engine's fault."""
+    engine, _ = scripted_engine([unfinished, RETRIED])
     gateway, _ = start_gateway([engine])
     base_url = init(gateway)
     assert_engine_fault(call(base_url))
