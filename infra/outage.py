@@ -180,13 +180,15 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 class OutageWatch:
-    """Probes every ``interval`` s from a thread of its own; past ``limit`` s unreachable, ``on_limit`` once."""
+    """Probes every ``interval`` s from a thread of its own; past ``limit`` s unreachable, ``on_limit`` once.
+    The interval is at most a quarter of the limit, so a component gives up within ~1.25x its limit."""
 
     def __init__(self, bootstrap_servers: str, limit: float, on_limit: Callable[[str], None],
                  interval: float = 5.0, what: str = "component") -> None:
         from trajbus.infra.clients import reader  # clients -> kafka_config -> this module
 
-        self.limit, self.interval, self.what = limit, interval, what
+        self.limit, self.what = limit, what
+        self.interval = min(interval, max(0.5, limit / 4))
         self.down_since: float | None = None
         self._on_limit = on_limit
         self._cluster = cluster_outage(bootstrap_servers)
@@ -207,13 +209,14 @@ class OutageWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
+            asked = time.time()
             if self._reachable():
                 self._cluster.reached()
                 self.down_since = None
                 continue
             self._cluster.failed()
-            if self.down_since is None:
-                self.down_since = time.time()
+            if self.down_since is None:  # unanswered since the probe was sent, or since a client lost it
+                self.down_since = min(asked, self._cluster.down_since or asked)
                 log.info("the %s rides through the Kafka outage for up to %gs", self.what, self.limit)
             if time.time() - self.down_since > self.limit:
                 self._on_limit(f"Kafka unreachable for {time.time() - self.down_since:.0f}s "

@@ -113,14 +113,17 @@ def worker_topics(assembler: GroupAssembler) -> list[TopicSpec]:
 
 
 _gave_up: list[str] = []
+GIVE_UP_GRACE = 5.0
 
 
 def _give_up(reason: str) -> None:
-    """Kafka stayed away past the limit: stop (gracefully if Faust can, within 30 s), then exit non-zero."""
+    """Kafka stayed away past the limit: stop (gracefully if Faust can, within ``GIVE_UP_GRACE`` s), then
+    exit non-zero. With no broker nothing is left to commit or flush; Faust's stop would wait out each
+    client's timeouts (30 s and more) for nothing."""
     _gave_up.append(reason)
     log.error("%s", reason)
     os.kill(os.getpid(), signal.SIGTERM)
-    deadline = threading.Timer(30.0, lambda: (print(f"trajbus worker: {reason}", file=sys.stderr, flush=True),
+    deadline = threading.Timer(GIVE_UP_GRACE, lambda: (print(f"trajbus worker: {reason}", file=sys.stderr, flush=True),
                                               os._exit(1)))
     deadline.daemon = True
     deadline.start()
