@@ -20,16 +20,17 @@ librdkafka's log lines through Python logging.
 
 from __future__ import annotations
 
+import time
 import uuid
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, ClusterMetadata
 
-from trajbus.infra.kafka_config import KafkaConnection, client_config
+from trajbus.infra.kafka_config import KafkaConnection, authentication_failure, client_config
 
-__all__ = ["COMMON", "ROLE_DEFAULTS", "acked_producer", "admin", "reader", "role_config", "trainer_consumer",
+__all__ = ["COMMON", "ROLE_DEFAULTS", "RefusedCredentials", "acked_producer", "admin", "cluster_metadata", "reader", "role_config", "trainer_consumer",
            "transactional_producer"]
 
 DELIVERY_TIMEOUT_MS = 120_000
@@ -114,3 +115,23 @@ def reader(servers: str | KafkaConnection, settings: Mapping[str, Any] | None = 
 def admin(servers: str | KafkaConnection, settings: Mapping[str, Any] | None = None) -> AdminClient:
     """An admin client: topics, configs, groups; its ``list_topics`` is the reachability probe."""
     return AdminClient(role_config("admin", servers, settings))
+
+
+class RefusedCredentials(KafkaException):
+    """The broker refused this process's credentials or TLS handshake: no retry mends it."""
+
+
+def cluster_metadata(client: AdminClient, timeout: float, topic: str | None = None) -> ClusterMetadata:
+    """``client.list_topics`` in short slices, its error callback served between them, so refused
+    credentials end the wait at once (``RefusedCredentials``) rather than after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return client.list_topics(topic, timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+        except KafkaException as exc:
+            client.poll(0)
+            refused = authentication_failure()
+            if refused:
+                raise RefusedCredentials(KafkaError(KafkaError._AUTHENTICATION, refused)) from exc
+            if time.monotonic() >= deadline:
+                raise

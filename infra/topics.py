@@ -29,6 +29,7 @@ from confluent_kafka.admin import (
 from confluent_kafka.error import KafkaError
 
 from trajbus.infra import clients
+from trajbus.infra.clients import RefusedCredentials, cluster_metadata
 from trajbus.infra.retry import retrying
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,8 @@ def _wait(futures: dict, what: str, ignore: tuple[int, ...] = ()) -> None:
             raise RuntimeError(f"{what} {key}: {error.str()}") from exc
 
 
+
+
 def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec], timeout: float = 30.0,
                   grow_partitions: bool | Collection[str] = False) -> list[str]:
     """Make every spec true on the cluster; return the names that were created. A replication the
@@ -97,7 +100,7 @@ def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec], timeout: float
     admin = admin_client(bootstrap_servers)
     grow = {s.name for s in specs} if grow_partitions is True else set(grow_partitions or ())
     created: list[str] = []
-    for attempt in retrying(timeout, log, "provisioning topics", permanent=(ReplicationError,)):
+    for attempt in retrying(timeout, log, "provisioning topics", permanent=(ReplicationError, RefusedCredentials)):
         with attempt:
             created += _ensure(admin, specs, timeout, grow)
             # every topic, not only this try's: one an earlier try created may still lack a leader
@@ -106,7 +109,7 @@ def ensure_topics(bootstrap_servers: str, specs: list[TopicSpec], timeout: float
 
 
 def _ensure(admin: AdminClient, specs: list[TopicSpec], timeout: float, grow_names: set[str]) -> list[str]:
-    metadata = admin.list_topics(timeout=timeout)
+    metadata = cluster_metadata(admin, timeout)
     existing = metadata.topics
     missing = [spec for spec in specs if spec.name not in existing]
     _check_replication(admin, missing, len(metadata.brokers), timeout)
@@ -211,7 +214,7 @@ def _note_partitions(specs: list[TopicSpec], existing: dict) -> None:
 
 def partition_counts(bootstrap_servers: str, names: list[str], timeout: float = 10.0) -> dict[str, int]:
     """The partition count of each named topic that exists (a missing one is left out)."""
-    topics = admin_client(bootstrap_servers).list_topics(timeout=timeout).topics
+    topics = cluster_metadata(admin_client(bootstrap_servers), timeout).topics
     return {name: len(topics[name].partitions) for name in names
             if name in topics and topics[name].error is None and topics[name].partitions}
 
@@ -224,7 +227,7 @@ def _wait_for_leaders(admin: AdminClient, names: list[str], timeout: float) -> N
     """A created topic is usable once every partition has a leader; wait for that."""
     deadline = time.monotonic() + timeout
     while True:
-        topics = admin.list_topics(timeout=timeout).topics
+        topics = cluster_metadata(admin, timeout).topics
         if all(name in topics and topics[name].error is None and topics[name].partitions
                and all(p.leader >= 0 for p in topics[name].partitions.values()) for name in names):
             return
@@ -249,7 +252,7 @@ def describe_topics(bootstrap_servers: str, names: list[str] | None = None, pref
                     timeout: float = 10.0) -> list[TopicInfo]:
     """Partitions, retained offsets and explicitly set configs of the named topics."""
     admin = admin_client(bootstrap_servers)
-    metadata = admin.list_topics(timeout=timeout).topics
+    metadata = cluster_metadata(admin, timeout).topics
     chosen = sorted(
         name for name in metadata
         if (names is None or name in names) and (prefix is None or name.startswith(prefix))
