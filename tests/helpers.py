@@ -207,6 +207,10 @@ def flowing(servers: str, prefix: str, worker: ServiceProcess | None, name: str 
                 worker.start()
             flow.load.start()
             yield flow
+        except AssertionError as exc:  # a wait that timed out: what the worker said is the evidence
+            if worker is None:
+                raise
+            raise AssertionError(f"{exc}\n--- the worker's log, last lines:\n{worker.log_tail(60)}") from None
         finally:
             flow.stop.set()
             if flow.load.is_alive():
