@@ -20,6 +20,19 @@ OUR_FORMAT = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ [A-Z]+ \S+ ")
 """``infra.logs.FORMAT``: a line logged through a handler of ours."""
 
 
+FAULT_FILES = frozenset({"test_cluster.py", "test_broker_restart.py", "test_worker_assignment.py",
+                         "test_client_logs.py", "test_worker_recovery.py"})
+"""Tests that kill and restart brokers, nodes and workers of their own: most of their time is spent waiting
+for a JVM to start or a group to rebalance, not on the CPU. ``make test`` runs them in a second pytest
+process (``-n 2 --dist loadgroup``) beside everything else, which runs in order in the first."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Two streams for ``--dist loadgroup``: the fault tests, and the rest."""
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("faults" if item.path.name in FAULT_FILES else "main"))
+
+
 def raw_librdkafka_lines(text: str) -> list[str]:
     """The lines of ``text`` that librdkafka (or the last-resort handler, with its words) printed raw."""
     return [line for line in text.splitlines() if RAW_LIBRDKAFKA.search(line) and not OUR_FORMAT.match(line)]
