@@ -40,7 +40,6 @@ from confluent_kafka import Producer
 from prometheus_client import start_http_server
 
 from trajbus.infra.clients import acked_producer
-from trajbus.infra.kafka_config import faust_credentials
 from trajbus.infra.retry import retrying_async
 from trajbus.streams import codec, ledger
 from trajbus.streams.assembly import Outcome, PendingGroup
@@ -48,11 +47,13 @@ from trajbus.streams.assignment_watch import watch_assignment
 from trajbus.streams.bodies import StepBodies
 from trajbus.streams.dlq import dlq_headers
 from trajbus.streams.emission import PREFIX_MISMATCH, GroupEmission
-from trajbus.streams.faust_app import IdempotentApp, PartitionKeyedTable
+from trajbus.streams.faust_app import PartitionKeyedTable, worker_app
+from trajbus.streams.membership import announce_membership
+from trajbus.streams.periodic import every
 from trajbus.streams.policy import PolicyWatcher
 from trajbus.streams.prefix import StepDelta, step_of
 from trajbus.streams.positions import SourcePositions
-from trajbus.streams.queue_bound import bound_queues
+from trajbus.streams.queue_bound import QueueBound
 from trajbus.streams.recovery import PartitionRecovery
 from trajbus.streams.recovery_watch import watch_recovery
 from trajbus.streams.records import Step, TrajectoryEnd
@@ -65,13 +66,11 @@ from trajbus.streams.topics import (channel_of, chunks_topic, dlq_topic, groups_
 log = logging.getLogger("trajbus.worker")
 
 EXPIRE_EVERY = 60.0
+TICK_INTERVAL = 1.0
+"""Seconds between the end of one tick (``GroupAssembler.tick``) and the start of the next."""
 STATE_TABLE = "assembly"
 """The table (and ``{app_id}-assembly-changelog``); named anew when its values changed meaning: a
 pending group is an index of source offsets now, no longer its steps."""
-
-
-def _broker_urls(bootstrap_servers: str) -> list[str]:
-    return [f"kafka://{server.strip()}" for server in bootstrap_servers.split(",") if server.strip()]
 
 
 class GroupAssembler(PartitionRecovery, GroupEmission):
@@ -106,6 +105,7 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
         index goes to the changelog once a second, not once per event."""
         self.positions = SourcePositions(self.state, bootstrap_servers, settings.app_id, self.prefix,
                                          settings.broker_outage_limit)
+        self.queue_bound = QueueBound(bootstrap_servers, settings, self.metrics)
         self.policy: PolicyWatcher | None = None
         self.stats_producer: Producer | None = None
         self.metrics_server: WSGIServer | None = None
@@ -302,7 +302,7 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
                 self.metrics.policy_version.labels(channel).set(version)
         await self.catch_up()
         if 0 in self.active_partitions():  # one worker bounds the queues, so drops are counted once
-            await bound_queues(self.bootstrap_servers, self.settings, self.metrics)
+            await self.queue_bound.check()
         if now - self._last_stats >= self.settings.stats_interval:
             self._last_stats = now
             self.publish_stats()
@@ -346,35 +346,7 @@ class GroupAssembler(PartitionRecovery, GroupEmission):
 
 def build_app(bootstrap_servers: str, settings: WorkerSettings, datadir: Path) -> tuple[faust.App, GroupAssembler]:
     """A Faust app wired for ``settings``; run it with ``streams.worker.run_worker``."""
-    app = IdempotentApp(
-        settings.app_id,
-        broker=_broker_urls(bootstrap_servers),
-        broker_credentials=faust_credentials(),  # the same connection as every other client
-        store="memory://",  # tables are rebuilt from their changelog topics on start
-        datadir=str(datadir),  # Faust's local files; nothing in them outlives the process
-        topic_partitions=settings.topics.steps_partitions,
-        # Faust declares no topic: its declaration asks the first broker of its metadata for the
-        # controller, which may be a dead node (the worker then exited). The worker provisions
-        # every topic, its table's changelog too, with trajbus's admin client (``worker_topics``).
-        topic_allow_declare=False,
-        topic_disable_leader=True,
-        web_enabled=False,
-        consumer_auto_offset_reset="earliest",
-        table_standby_replicas=0,
-        # Latency over batching: a group should be fetchable milliseconds after its
-        # last step, so the producer sends at once and offsets are committed every
-        # 100 events or 0.5 s. Correctness does not rest on these commits: the table
-        # holds its own source positions, so a longer interval only costs replay.
-        producer_linger=0.0,
-        stream_wait_empty=False,
-        broker_commit_every=100,
-        broker_commit_interval=0.5,
-        # A dead worker's partitions move to the others after 10 s, not Faust's default 60 s.
-        broker_session_timeout=10.0,
-        broker_heartbeat_interval=1.0,
-        producer_max_request_size=settings.topics.max_message_bytes,
-        consumer_max_fetch_size=settings.topics.max_message_bytes,
-    )
+    app = worker_app(bootstrap_servers, settings, datadir)
     assembler = GroupAssembler(app, bootstrap_servers, settings)
 
     source = app.topic(*(steps_topic(c, settings.topics.prefix) for c in settings.channels),
@@ -385,17 +357,10 @@ def build_app(bootstrap_servers: str, settings: WorkerSettings, datadir: Path) -
         async for event in stream.events():
             await assembler.handle(event)
 
-    @app.timer(1.0)
-    async def periodic() -> None:
-        try:
-            await assembler.tick()
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - periodic work retries next second; assembly goes on
-            log.exception("periodic work failed; retrying in a second")
-
+    every(app, TICK_INTERVAL, assembler.tick, "periodic work (timeouts, catch-up, statistics)")
     watch_recovery(app)
     watch_assignment(app, assembler)
+    announce_membership(app, assembler)
 
     @app.on_partitions_revoked.connect
     async def forget_positions_on_revoke(app: faust.App, revoked: set, **kwargs: Any) -> None:

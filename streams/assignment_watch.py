@@ -15,13 +15,13 @@ assignment covers it. Left out again, it tries again after another timeout.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any, Awaitable, Callable, Iterable
 
 import faust
 
+from trajbus.streams.periodic import every
 from trajbus.streams.topics import channel_of, steps_topic
 
 log = logging.getLogger("trajbus.worker")
@@ -117,17 +117,11 @@ def watch_assignment(app: faust.App, assembler: Any) -> AssignmentWatch:
         watch.assigned(covered_by(app))
         held = held_by_channel(app, prefix, settings.channels)
         metrics.hold(held)
-        log.info("assigned steps partitions %s", {c: sorted(p) for c, p in sorted(held.items())} or "none")
+        log.debug("assigned steps partitions %s", {c: sorted(p) for c, p in sorted(held.items())} or "none")
 
-    @app.timer(CHECK_INTERVAL)
-    async def check_assignment() -> None:
-        try:
-            if await watch.check(app.consumer.rejoin_for):
-                metrics.group_rejoins.inc()
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - a failed look-up is tried again at the next check
-            log.warning("checking the group's assignment failed; trying again in %.0fs", CHECK_INTERVAL,
-                        exc_info=True)
+    async def check_assignment() -> None:  # a failed look-up is tried again at the next check
+        if await watch.check(app.consumer.rejoin_for):
+            metrics.group_rejoins.inc()
 
+    every(app, CHECK_INTERVAL, check_assignment, "checking the group's assignment")
     return watch

@@ -1,5 +1,6 @@
 """The Faust classes trajbus adapts: an idempotent producer, a consumer that fetches at
-once and rejoins its group on request, and a table keyed by partition.
+once, rejoins its group on request and stops quietly, and a table keyed by partition;
+and the worker's app, configured (``worker_app``).
 
 A retried send must be written once. Faust turns on producer idempotence only with
 ``processing_guarantee="exactly_once"`` (transactions, which Tansu lacks and which cost
@@ -16,11 +17,19 @@ A record must reach the worker at once. Faust creates its aiokafka consumer with
 fetch for partitions with nothing new holds back the partitions whose records
 arrive meanwhile by up to 1.5 s (a 768-step burst of 12-turn steps stalled 1.2 s
 in the middle). The worker's consumer waits at most ``FETCH_MAX_WAIT_MS``.
+
+A consumer stopped while Kafka is away must stop without a traceback. Closing, aiokafka
+0.14's fetcher cancels its pending fetch tasks and awaits each; one sleeping its retry
+backoff after a failed fetch raises that ``CancelledError`` out of ``close()``, which ended
+Faust's consumer thread with a traceback on stderr (after the worker gave up on an outage)
+and left the consumer's client open. ``EagerFetchConsumerThread.on_thread_stop`` closes it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from pathlib import Path
 from typing import Any, Mapping
 
 import faust
@@ -29,6 +38,8 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import ConsumerT, ProducerT
 
 from trajbus.infra.clients import ROLE_DEFAULTS
+from trajbus.infra.kafka_config import faust_credentials
+from trajbus.streams.settings import WorkerSettings
 
 log = logging.getLogger("trajbus.worker")
 FAUST_LOG = logging.getLogger("faust.trajbus")
@@ -73,6 +84,19 @@ class EagerFetchConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read when the consumer starts its fetcher
         return consumer
+
+    async def on_thread_stop(self) -> None:
+        """Faust's stop (method queue, then the aiokafka consumer); a fetch cancelled in its retry backoff
+        is no failure of the stop: the rest of it (the client's connections) is done here."""
+        try:
+            await super().on_thread_stop()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # this stop itself was cancelled
+                raise
+            log.debug("a fetch cancelled in its retry backoff ended aiokafka's fetcher close; closing its client")
+            if self._consumer is not None:
+                await self._consumer._client.close()
 
     async def refresh_and_rejoin(self, topics: frozenset[str]) -> set[str]:
         """In this thread (aiokafka's loop): refresh the consumer's metadata, then, if it knows any of
@@ -123,3 +147,40 @@ class PartitionKeyedTable(faust.Table):
 
     def partition_for_key(self, key: Any) -> int:
         return int(key.split(b"|", 1)[0])
+
+
+def _broker_urls(bootstrap_servers: str) -> list[str]:
+    return [f"kafka://{server.strip()}" for server in bootstrap_servers.split(",") if server.strip()]
+
+
+def worker_app(bootstrap_servers: str, settings: WorkerSettings, datadir: Path) -> IdempotentApp:
+    """The worker's Faust app, configured for ``settings``; ``streams.app.build_app`` wires its agent."""
+    return IdempotentApp(
+        settings.app_id,
+        broker=_broker_urls(bootstrap_servers),
+        broker_credentials=faust_credentials(),  # the same connection as every other client
+        store="memory://",  # tables are rebuilt from their changelog topics on start
+        datadir=str(datadir),  # Faust's local files; nothing in them outlives the process
+        topic_partitions=settings.topics.steps_partitions,
+        # Faust declares no topic: its declaration asks the first broker of its metadata for the
+        # controller, which may be a dead node (the worker then exited). The worker provisions
+        # every topic, its table's changelog too, with trajbus's admin client (``worker_topics``).
+        topic_allow_declare=False,
+        topic_disable_leader=True,
+        web_enabled=False,
+        consumer_auto_offset_reset="earliest",
+        table_standby_replicas=0,
+        # Latency over batching: a group should be fetchable milliseconds after its
+        # last step, so the producer sends at once and offsets are committed every
+        # 100 events or 0.5 s. Correctness does not rest on these commits: the table
+        # holds its own source positions, so a longer interval only costs replay.
+        producer_linger=0.0,
+        stream_wait_empty=False,
+        broker_commit_every=100,
+        broker_commit_interval=0.5,
+        # A dead worker's partitions move to the others after 10 s, not Faust's default 60 s.
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=1.0,
+        producer_max_request_size=settings.topics.max_message_bytes,
+        consumer_max_fetch_size=settings.topics.max_message_bytes,
+    )

@@ -62,6 +62,7 @@ class SourcePositions:
         seconds): guessing from the offset Faust delivers could skip records nothing would reveal."""
         position = self.known(channel, partition)
         deadline = time.monotonic() + self.resume_deadline
+        tries = 0
         while position is None:
             try:
                 position = await self.resume_point(channel, partition)
@@ -69,8 +70,10 @@ class SourcePositions:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"resume point of {steps_topic(channel, self.prefix)}[{partition}] "
                                        f"unknown after {self.resume_deadline:.0f}s: {exc}") from exc
-                log.warning("resume point of %s[%d] unknown (%s); asking again", steps_topic(channel, self.prefix),
-                            partition, exc)
+                tries += 1
+                log.log(logging.WARNING if tries == 1 else logging.DEBUG,  # said once; each try at DEBUG
+                        "resume point of %s[%d] unknown (%s); asking again every %gs",
+                        steps_topic(channel, self.prefix), partition, exc, RESUME_RETRY)
                 await asyncio.sleep(RESUME_RETRY)
         self.expected[(channel, partition)] = position
         return position

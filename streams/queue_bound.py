@@ -15,32 +15,45 @@ from trajbus.infra.topics import consumer_group_lag, delete_records_before
 from trajbus.streams.settings import WorkerSettings
 from trajbus.streams.stats import WorkerMetrics
 from trajbus.streams.topics import groups_topic, trainer_group_id
+from trajbus.streams.worker_logs import FailureStreak
 
 log = logging.getLogger("trajbus.worker")
 
 
-async def bound_queues(bootstrap_servers: str, settings: WorkerSettings, metrics: WorkerMetrics) -> None:
-    """Queue depth per channel; past ``max_queue_size``, the oldest ready groups leave the log."""
-    prefix = settings.topics.prefix
-    for channel in settings.channels:
-        limit = settings.channel(channel).max_queue_size
-        topic = groups_topic(channel, prefix)
-        try:
-            lags = await asyncio.to_thread(consumer_group_lag, bootstrap_servers, trainer_group_id(channel, prefix),
-                                           topic)
-        except Exception as exc:  # noqa: BLE001 - a slow broker must not stop assembly
-            log.warning("queue depth of %s unavailable: %s", topic, exc)
-            continue
+class QueueBound:
+    """The bound of every channel's queue, checked once a tick; a channel whose depth Kafka does not tell
+    (a coordinator away) is told once per streak (``FailureStreak``), and the others are bounded anyway."""
+
+    def __init__(self, bootstrap_servers: str, settings: WorkerSettings, metrics: WorkerMetrics) -> None:
+        self.bootstrap_servers, self.settings, self.metrics = bootstrap_servers, settings, metrics
+        self.streaks = {channel: FailureStreak(f"the queue depth of {groups_topic(channel, settings.topics.prefix)}",
+                                               log) for channel in settings.channels}
+
+    async def check(self) -> None:
+        for channel in self.settings.channels:
+            try:
+                await self.bound(channel)
+            except Exception as exc:  # noqa: BLE001 - a slow broker must not stop assembly
+                self.streaks[channel].failed(exc)
+            else:
+                self.streaks[channel].succeeded()
+
+    async def bound(self, channel: str) -> None:
+        """Queue depth of one channel; past ``max_queue_size``, its oldest ready groups leave the log."""
+        limit = self.settings.channel(channel).max_queue_size
+        topic = groups_topic(channel, self.settings.topics.prefix)
+        lags = await asyncio.to_thread(consumer_group_lag, self.bootstrap_servers,
+                                       trainer_group_id(channel, self.settings.topics.prefix), topic)
         depth = sum(lag.lag for lag in lags)
         if limit is not None:
             for lag in lags:
                 share = max(1, limit // len(lags))
                 if lag.lag > share:
-                    start = await asyncio.to_thread(delete_records_before, bootstrap_servers, topic, lag.partition,
-                                                    lag.high - share)
+                    start = await asyncio.to_thread(delete_records_before, self.bootstrap_servers, topic,
+                                                    lag.partition, lag.high - share)
                     dropped = start - lag.position
                     depth -= dropped
-                    metrics.dropped.labels(channel, "queue_full").inc(dropped)
+                    self.metrics.dropped.labels(channel, "queue_full").inc(dropped)
                     log.warning("queue full channel=%s partition=%d dropped=%d oldest groups (limit %d)",
                                 channel, lag.partition, dropped, limit)
-        metrics.queue_depth.labels(channel).set(depth)
+        self.metrics.queue_depth.labels(channel).set(depth)

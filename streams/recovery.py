@@ -24,6 +24,10 @@ from trajbus.streams.topics import groups_topic, steps_topic
 
 log = logging.getLogger("trajbus.worker")
 
+CATCH_UP_LOOKUP_TIMEOUT = 3.0
+"""The catch-up's wait for the steps partitions' ends: it runs every tick, so a look-up Kafka does not
+answer in this time (a broker away, a leader moving) is asked again at the next tick, not waited out."""
+
 
 class PartitionRecovery(AssemblerParts):
     """The recovering half of ``streams.app.GroupAssembler``: a mixin, the assembler's parts it uses
@@ -94,7 +98,7 @@ class PartitionRecovery(AssemblerParts):
         if not owned:
             return
         ends = await asyncio.to_thread(end_offsets_of, self.bootstrap_servers,
-                                       [(steps_topic(c, self.prefix), p) for c, p in owned])
+                                       [(steps_topic(c, self.prefix), p) for c, p in owned], CATCH_UP_LOOKUP_TIMEOUT)
         for channel, partition in owned:
             end = ends[(steps_topic(channel, self.prefix), partition)]
             if not self.positions.stalled(channel, partition, end):

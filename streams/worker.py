@@ -30,32 +30,18 @@ from confluent_kafka import KafkaException
 
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.kafka_config import KafkaUnreachable, connection_properties, redacted
-from trajbus.infra.logs import FORMAT
 from trajbus.infra.outage import OutageWatch
 from trajbus.infra.retry import retrying
 from trajbus.infra.topics import TopicSpec, ensure_topics, partition_counts
 from trajbus.streams.app import GroupAssembler, build_app
 from trajbus.streams.settings import WorkerSettings
 from trajbus.streams.topics import steps_topic
+from trajbus.streams.worker_logs import logging_config, lost_kafka
 
 log = logging.getLogger("trajbus.worker")
 
 OUTAGE_SINCE = "TRAJBUS_WORKER_OUTAGE_SINCE"
 """Set across the restart: when the worker lost Kafka, so the limit counts the whole outage."""
-
-
-def _logging_config(faust_level: str) -> dict:
-    """trajbus's structured lines at INFO; Faust and its clients at ``faust_level``; a client's
-    repeated reconnect lines once a minute."""
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {"line": {"format": FORMAT}},
-        "filters": {"repeats": {"()": "trajbus.infra.logs.RepeatFilter"}},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line", "filters": ["repeats"]}},
-        "root": {"level": "INFO", "handlers": ["stderr"]},
-        "loggers": {name: {"level": faust_level} for name in ("faust", "mode", "aiokafka", "kafka")},
-    }
 
 
 class PartitionMismatch(ValueError):
@@ -129,23 +115,15 @@ def _give_up(reason: str) -> None:
     deadline.start()
 
 
-def _lost_kafka(exc: BaseException | None) -> bool:
-    """Whether a crash comes from a lost Kafka connection (its cause chain holds a client error)."""
-    from aiokafka.errors import KafkaError
-
-    while exc is not None:
-        if isinstance(exc, (KafkaError, KafkaException, ConnectionError)):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
 def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None) -> None:
     """Provision the topics, then process until SIGINT/SIGTERM (graceful shutdown); through outages of
     Kafka up to ``settings.broker_outage_limit`` seconds (``KafkaUnreachable`` past it)."""
     outage_limit = settings.broker_outage_limit
     servers = resolve_bootstrap_servers(bootstrap_servers)
-    log.info("worker connecting bootstrap=%s connection=%s", servers, redacted(connection_properties()))
+    level = min(logging.INFO, logging.getLogger().getEffectiveLevel())  # DEBUG under `trajbus -v`
+    connection = redacted(connection_properties())
+    log.info("worker starting: Kafka at %s%s (waits up to %gs for it when unreachable: --broker-outage-limit)",
+             servers, f" ({connection})" if connection else "", outage_limit)
     with tempfile.TemporaryDirectory(prefix=f"trajbus-{settings.app_id}-") as datadir:
         app, assembler = build_app(servers, settings, Path(datadir))
         _provision(servers, worker_topics(assembler), outage_limit,
@@ -153,7 +131,7 @@ def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None) -
         # Faust applies its loglevel to the handler, so the handler takes INFO and the
         # logger configuration decides what each library may say.
         worker = faust.Worker(app, loglevel="INFO", quiet=True, redirect_stdouts=False,
-                              logging_config=_logging_config(settings.faust_loglevel))
+                              logging_config=logging_config(settings.faust_loglevel, level))
         assembler.start()
         outage = OutageWatch(servers, outage_limit, _give_up, what="worker").start()
         try:
@@ -162,7 +140,7 @@ def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None) -
             if _gave_up:
                 raise KafkaUnreachable(_gave_up[0]) from None
             crash = worker.crash_reason or app.crash_reason
-            if not _lost_kafka(crash):
+            if not lost_kafka(crash):
                 raise
             log.warning("worker lost kafka (%r); starting again once it answers", crash)
         finally:

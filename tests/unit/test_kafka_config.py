@@ -79,7 +79,7 @@ def test_the_cli_says_what_is_wrong_in_one_line_and_exits_2(flags, says, monkeyp
 def test_a_crash_from_a_lost_connection_is_told_from_any_other():
     from aiokafka.errors import KafkaConnectionError
 
-    from trajbus.streams.worker import _lost_kafka
+    from trajbus.streams.worker_logs import lost_kafka
 
     try:
         try:
@@ -87,8 +87,8 @@ def test_a_crash_from_a_lost_connection_is_told_from_any_other():
         except KafkaConnectionError as exc:
             raise RuntimeError("the fetcher crashed") from exc
     except RuntimeError as crash:
-        assert _lost_kafka(crash)
-    assert not _lost_kafka(ValueError("a bug")) and not _lost_kafka(None)
+        assert lost_kafka(crash)
+    assert not lost_kafka(ValueError("a bug")) and not lost_kafka(None)
 
 
 def test_the_worker_waits_for_kafka_under_the_one_retry_policy_and_counts_the_whole_outage(monkeypatch):
