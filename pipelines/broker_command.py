@@ -2,14 +2,22 @@
 
 The last line of ``up`` (and of ``status``) is the bootstrap address, by contract: one
 ``HOST:PORT``, or the comma-separated list of every node of a cluster.
+
+The command's own lines say what the broker modules log at INFO (fetching, ready at): their
+loggers speak from WARNING (a moved port), unless ``trajbus -v`` asks for everything.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 
 from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.infra.kafka_cluster import MAX_NODES, EmbeddedCluster, layout_size
+
+
+BROKER_LOGGERS = ("trajbus.infra.kafka_broker", "trajbus.infra.kafka_cluster")
+"""The loggers of the brokers this command runs."""
 
 
 class BrokerUsageError(ValueError):
@@ -62,6 +70,9 @@ def _cluster(args: argparse.Namespace) -> EmbeddedCluster | None:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
+    if not getattr(args, "verbose", False):
+        for name in BROKER_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
     cluster = _cluster(args)
     broker = cluster or _single(args)
     if args.action == "install":
