@@ -1,7 +1,10 @@
 """How every component finds the broker, in one place.
 
 Order: an explicit ``--bootstrap-servers``, else ``TRAJBUS_BOOTSTRAP_SERVERS``,
-else the embedded broker (or cluster) that ``trajbus broker up`` started.
+else the embedded broker (or cluster) that ``trajbus broker up`` started, found
+by its state directory (``TRAJBUS_STATE_DIR``, else the default under the cache).
+``DISCOVERY`` says so in words: the error of a failed search and README.md's
+paragraph both quote it (tests/unit/test_readme_claims.py holds them to it).
 """
 
 from __future__ import annotations
@@ -10,8 +13,14 @@ import os
 
 from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.infra.kafka_cluster import EmbeddedCluster, layout_size
+from trajbus.infra.paths import default_state_dir
 
 ENV_VAR = "TRAJBUS_BOOTSTRAP_SERVERS"
+
+DISCOVERY = ("`--bootstrap-servers`, else `TRAJBUS_BOOTSTRAP_SERVERS`, else the embedded broker that "
+             "`trajbus broker up` started, found by its state directory: `TRAJBUS_STATE_DIR` (set it to the "
+             "`--state-dir` the broker was started with), else `~/.cache/trajbus/broker`")
+"""Every way a component finds the broker, in the order it tries them."""
 
 
 class BrokerNotFound(RuntimeError):
@@ -27,7 +36,10 @@ def resolve_bootstrap_servers(explicit: str | None = None) -> str:
     state = EmbeddedKafka().status() or EmbeddedCluster(nodes=layout_size() or 1).status()
     if state is not None:
         return state.bootstrap_servers
-    raise BrokerNotFound(
-        "no Kafka broker: pass --bootstrap-servers, set TRAJBUS_BOOTSTRAP_SERVERS, "
-        "or start the embedded one with `trajbus broker up`"
-    )
+    raise BrokerNotFound(not_found_message())
+
+
+def not_found_message() -> str:
+    """One line: every way tried, where the embedded broker was looked for, and what to do."""
+    return (f"no Kafka broker: none given, and none runs in {default_state_dir()}. trajbus takes {DISCOVERY}; "
+            "start one with `trajbus broker up`")
