@@ -7,6 +7,10 @@ function (sync or async) or the actor's ``compute_reward`` receives one dict:
 truth given at ``init_trajectory``), ``messages`` (the last conversation, the
 final answer included) and ``response_text``; white-box ``/compute_reward``
 passes its JSON body as that dict. It returns a finite number.
+
+``answer_match`` is one such function, shipped so that a gateway scores
+arithmetic answers without code of the user's own
+(``--reward-function trajbus.gateway.rewards:answer_match``; README.md).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import asyncio
 import inspect
 import logging
 import math
+import re
 from typing import Any, Callable
 
 from trajbus.gateway.errors import GatewayError
@@ -22,6 +27,28 @@ from trajbus.infra import ray_exit
 from trajbus.streams.settings import import_dotted
 
 log = logging.getLogger("trajbus.gateway")
+
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def answer_match(trajectory: dict[str, Any]) -> float:
+    """1.0 when the final reply gives ``metadata["answer"]``, else 0.0. A numeric answer is compared with
+    the reply's last number ("3 + 4 = 7." gives 7; "1,000" and "1000.0" are 1000); any other answer with
+    the whole reply, stripped and case-folded."""
+    metadata = trajectory.get("metadata") or {}
+    if "answer" not in metadata:
+        raise ValueError("answer_match: the trajectory's metadata has no 'answer' (give it at init_trajectory)")
+    answer, reply = str(metadata["answer"]).strip(), str(trajectory.get("response_text") or "").strip()
+    expected = _number(answer)
+    if expected is None:
+        return float(reply.casefold() == answer.casefold())
+    numbers = NUMBER.findall(reply)
+    return float(bool(numbers) and _number(numbers[-1]) == expected)
+
+
+def _number(text: str) -> float | None:
+    """``text`` as a number if it is one ("1,000" included; "nan" is text), else None."""
+    return float(text.replace(",", "")) if NUMBER.fullmatch(text) else None
 
 
 class RewardUnavailable(RuntimeError):
