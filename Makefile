@@ -21,7 +21,14 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/uv pip install --python $(BIN)/python --no-deps -e .
 	touch $(STAMP)
 
-install: $(STAMP)
+# A script in the folder that holds the checkout (a clone named trajbus/) would import that folder as an
+# empty namespace package ("cannot import name ... (unknown location)"). Python imports trajbus as it
+# starts, before the script's folder is on sys.path, so the package wins (README.md, "Layout").
+FIRST  := $(VENV)/lib/python3.11/site-packages/trajbus-first.pth
+$(FIRST): $(STAMP)
+	printf '%s\n' 'import sys; exec("try: import trajbus\nexcept Exception: pass")' > $@
+
+install: $(STAMP) $(FIRST)
 
 # Downloads the Kafka broker jars once (cached) so the first test does not pay for it.
 broker: install

@@ -6,6 +6,13 @@ Installed, every package lives under ``trajbus.`` (``trajbus.streams``,
 source checkout serves under the same names. The names of the public contract
 are exported here, imported when first used (``import trajbus`` stays cheap:
 no torch, no Faust).
+
+A script in the folder that holds a checkout cloned as ``trajbus/`` would get
+that folder for ``import trajbus``: no ``__init__.py`` there, so an empty
+namespace package ("cannot import name ... (unknown location)"), and this file
+would never run to say so. The venv that ``make`` builds imports this package
+as Python starts, before the script's folder is on the path
+(``trajbus-first.pth``, Makefile), so the package wins.
 """
 
 from __future__ import annotations
