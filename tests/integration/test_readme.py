@@ -3,10 +3,12 @@
 pytest-codeblocks reads the blocks and their markers (``<!-- pytest.mark.skip(reason=...) -->``
 before a block, ``<!-- pytest-codeblocks:expected-output -->`` before the output shown under
 it); each block runs as a reader would run it: a shell block in bash, a Python block as a script,
-from the repository's root, with ``TRAJBUS_BOOTSTRAP_SERVERS`` naming the session's broker. What a
-shell block leaves running (``trajbus worker &``) serves the blocks after it and is stopped at
+from the repository's root, with ``TRAJBUS_BOOTSTRAP_SERVERS`` naming the session's broker (and
+the gateway's state in a folder of the test's). What a shell block leaves running (``trajbus
+worker &``, the inference server and the gateway) serves the blocks after it and is stopped at
 the end. The README's blocks use the default topic prefix, which no other test uses. Whatever a
 block prints, stdout and stderr, holds no library line below WARNING: only trajbus speaks.
+tests/unit/test_readme_claims.py parses the command lines of the blocks skipped here.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+import httpx
 import psutil
 import pytest
 from pytest_codeblocks import CodeBlock, extract_from_file
 
 from trajbus.infra.bootstrap import ENV_VAR
+from trajbus.infra.topics import consumer_group_lag
+from trajbus.streams.topics import groups_topic, trainer_group_id
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -60,7 +65,8 @@ class Reader:
     """A reader's terminal: the environment every block runs in, and what blocks leave running."""
 
     def __init__(self, bootstrap_servers: str, out: Path) -> None:
-        self.env = {**os.environ, ENV_VAR: bootstrap_servers, "PYTHONUNBUFFERED": "1"}
+        self.env = {**os.environ, ENV_VAR: bootstrap_servers, "PYTHONUNBUFFERED": "1",
+                    "TRAJBUS_GATEWAY_STATE_DIR": str(out / "gateway-state")}
         self.out = out
         self.sessions: list[subprocess.Popen] = []
         self.outputs: list[Path] = []
@@ -108,7 +114,9 @@ def _in_session(process: psutil.Process, sid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def reader(bootstrap_servers: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reader]:
+def reader(bootstrap_servers: str, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[Reader]:
+    """The reader's terminal; the tiny model is built first (cached), as the gateway's block needs it."""
     if os.environ.get(ENV_VAR):
         pytest.skip("the README's blocks use the default prefix: they run on the session's own fresh broker")
     reader = Reader(bootstrap_servers, tmp_path_factory.mktemp("readme"))
@@ -127,3 +135,37 @@ def test_readme_block(block: CodeBlock, reader: Reader):
     assert not library_chatter(stdout + stderr), stderr
     if block.expected_output is not None:
         assert stdout == block.expected_output, f"README line {block.lineno} printed:\n{stdout}"
+
+
+def test_the_examples_leave_no_group_uncommitted(reader: Reader, bootstrap_servers: str):
+    """Each example that fetches a group commits it, as the README says a trainer must: the trainer's
+    consumer group is at the end of the train channel's groups (else a new consumer gets them again)."""
+    lags = consumer_group_lag(bootstrap_servers, trainer_group_id("train"), groups_topic("train"))
+    assert [(lag.high, lag.lag) for lag in lags] == [(2, 0)], lags  # p0 and add-3-4, both committed
+
+
+def test_the_gateway_refuses_what_the_readme_says(reader: Reader):
+    """README, "The gateway", of the gateway its block started (port 8100, --api-key change-me): an
+    init_trajectory without prompt_uid is 400 missing_prompt_uid; a channel without topics is a 400
+    that names the channels there are."""
+    init, key = "http://127.0.0.1:8100/init_trajectory", {"Authorization": "Bearer change-me"}
+    missing = httpx.post(init, headers=key, json={"n_rollouts": 2}, timeout=30)
+    assert (missing.status_code, missing.json()["error"]["code"]) == (400, "missing_prompt_uid"), missing.text
+    unknown = httpx.post(init, headers=key, json={"prompt_uid": "p1", "channel": "trian"}, timeout=30)
+    known = unknown.json()["error"]["message"].partition("known channels: ")[2]
+    assert unknown.status_code == 400 and {"train", "val"} <= set(re.findall(r"\w+", known)), unknown.text
+
+
+@pytest.mark.parametrize("how", ["script", "-c"])
+def test_a_script_beside_the_checkout_imports_the_package(how: str, tmp_path: Path):
+    """A folder holding a clone named ``trajbus/`` (the checkout's root: no ``__init__.py``) is no package,
+    yet Python would import it as an empty namespace package ("unknown location"); the venv's
+    ``trajbus-first.pth`` (Makefile) imports trajbus before the script's folder is on the path."""
+    (tmp_path / "trajbus").mkdir()
+    (tmp_path / "trajbus" / "pyproject.toml").write_text("# a checkout's root, not the package\n")
+    code = "from trajbus import BatchConsumer\nprint(BatchConsumer.__module__)\n"
+    (tmp_path / "train.py").write_text(code)
+    command = [sys.executable, "train.py"] if how == "script" else [sys.executable, "-c", code]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"(`make install` writes trajbus-first.pth)\n{result.stderr}"
+    assert result.stdout == "trajbus.consumers.batch_consumer\n"
