@@ -40,6 +40,33 @@ def test_invalid_values_name_the_field(field, value, match):
         Step.from_dict({**VALID, field: value})
 
 
+@pytest.mark.parametrize("record, missing", [(Step, name) for name in Step.REQUIRED] +
+                         [(TrajectoryEnd, name) for name in TrajectoryEnd.REQUIRED])
+def test_a_constructor_call_without_a_required_field_names_it_as_from_dict_does(record, missing):
+    given = {k: v for k, v in {**VALID, "reward": 1.0}.items() if k != missing and k in record.__dataclass_fields__}
+    with pytest.raises(TypeError, match=f"^{missing}: required field is missing$") as constructed:
+        record(**given)
+    with pytest.raises(ValueError) as from_dict:
+        record.from_dict(given)
+    assert str(constructed.value) == str(from_dict.value)
+
+
+def test_a_positional_call_short_of_a_field_names_the_first_one_missing():
+    with pytest.raises(TypeError, match="^prompt_uid: required field is missing$"):
+        Step([1, 2], [3], "t")
+
+
+def test_an_empty_response_is_refused_by_the_api_and_the_gateway_in_the_same_words():
+    from trajbus.gateway.schemas import step_from_json
+
+    for empty in ([], ()):
+        with pytest.raises(ValueError, match=r"^response_ids: must hold at least one token id") as api:
+            Step(**{**VALID, "response_ids": empty}).validate()
+    with pytest.raises(ValueError) as gateway:
+        step_from_json({**VALID, "response_ids": []})
+    assert str(gateway.value) == str(api.value).replace("()", "[]")
+
+
 def test_unknown_field_is_named():
     with pytest.raises(ValueError, match="^colour: unknown field of Step"):
         Step.from_dict({**VALID, "colour": "red"})

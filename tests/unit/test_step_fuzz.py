@@ -63,7 +63,7 @@ FIELD_VALUES: dict[str, st.SearchStrategy] = {
 @st.composite
 def valid_step_fields(draw: st.DrawFn) -> dict[str, Any]:
     """Fields of a step that should pass: lengths that match, every number in its range."""
-    response = draw(st.lists(st.integers(0, 2**32 - 1), max_size=5))
+    response = draw(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=5))  # a call samples a token at least
     fields = {
         "prompt_ids": draw(st.lists(st.integers(0, 2**32 - 1), max_size=5)), "response_ids": response,
         "trajectory_uid": draw(st.text(min_size=1, max_size=6)), "prompt_uid": draw(st.text(min_size=1, max_size=6)),
@@ -82,7 +82,7 @@ def valid_step_fields(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         fields["rollout_log_probs"] = draw(st.lists(st.floats(allow_nan=False, width=32), min_size=len(response),
                                                     max_size=len(response)))
-    if response and draw(st.booleans()):
+    if draw(st.booleans()):
         starts = sorted(draw(st.sets(st.integers(1, len(response) - 1), max_size=2))) if len(response) > 1 else []
         fields["version_segments"] = [[start, draw(st.integers(-(2**63), 2**63 - 1))] for start in [0, *starts]]
     return fields
@@ -159,6 +159,15 @@ def test_submit_steps_checks_a_dict_or_a_step_as_validate_does(fields: dict[str,
             continue
         assert codec.decode(codec.encode(encoder.delta(step))) == _as_written(step)
         _on_the_wire(step)
+
+
+@FUZZ
+@given(any_step_fields(), st.sets(st.sampled_from(Step.REQUIRED), min_size=1))
+def test_a_step_constructed_without_a_required_field_is_refused_naming_it(fields: dict[str, Any], left_out: set):
+    with pytest.raises(TypeError) as error:
+        Step(**{name: value for name, value in fields.items() if name not in left_out})
+    _refused_naming_a_field(error.value)
+    assert str(error.value).split(":")[0] in left_out and str(error.value).endswith(": required field is missing")
 
 
 @FUZZ
