@@ -38,6 +38,7 @@ _EXPORTS = {
     "GlobalDataset": "trajbus.pipelines.global_dataset",
     "GlobalDatasetManager": "trajbus.pipelines.global_dataset",
     "EnvManager": "trajbus.pipelines.env_manager",
+    "KafkaTraceStore": "trajbus.consumers.rllm",
 }
 __all__ = sorted(_EXPORTS)
 
