@@ -24,7 +24,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.topics import watermarks
 from trajbus.infra.clients import acked_producer, trainer_consumer
-from trajbus.infra.kafka_config import KafkaUnreachable
+from trajbus.infra.kafka_config import KafkaUnreachable, error_words
+from trajbus.infra.outage import CONNECT_TIMEOUT, first_contact
 from trajbus.infra.retry import retrying
 from trajbus.consumers import metrics
 from trajbus.consumers.backends import TrainingBackend
@@ -40,7 +41,14 @@ log = logging.getLogger(__name__)
 
 
 class BatchConsumer:
-    """Fetches ready prompt groups of one channel."""
+    """Fetches ready prompt groups of one channel.
+
+    A fetch returns ``None`` only when no group became ready in time, at a cluster that answers (or
+    in an outage it rides through, up to ``outage_limit``). A wrong address is no ``None``: the first
+    fetch (or a rank's construction) waits for the cluster's first answer up to ``connect_timeout``
+    (``CONNECT_TIMEOUT``, 10 s, whatever its own timeout), unless a client of this process reached it
+    before, and raises ``ClusterNotReached`` (a ``KafkaUnreachable``) naming the address.
+    """
 
     def __init__(
         self,
@@ -53,6 +61,7 @@ class BatchConsumer:
         keep: Callable[[str], bool] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT,
         **config: Any,
     ) -> None:
         self.channel = validate_channel(channel)
@@ -81,6 +90,9 @@ class BatchConsumer:
         """Prefetched groups skipped because the queue bound had dropped them meanwhile."""
         self.outage_limit = outage_limit
         """Seconds the broker may be unreachable while fetching before ``KafkaUnreachable`` (None: forever)."""
+        self.connect_timeout = connect_timeout
+        """Seconds the first fetch waits for a cluster never reached before ``ClusterNotReached``."""
+        self._contacted = False
         self._last_contact = time.monotonic()
         self.keep = keep
         """Which groups (by ``prompt_uid``) this consumer hands out; the others are passed over."""
@@ -94,6 +106,7 @@ class BatchConsumer:
             self._consumer.subscribe([self.topic], on_assign=self._on_assign)
         else:
             try:
+                self._contact()
                 self.partitions = rank_partitions(self._consumer, self.topic, rank, world_size)
                 self._assign_own()
             except BaseException:
@@ -102,7 +115,8 @@ class BatchConsumer:
 
     def fetch_group(self, timeout: float | None = None) -> ReadyGroup | None:
         """The next ready group, or ``None`` if none arrives within ``timeout`` seconds
-        (``None``: wait as long as it takes)."""
+        (``None``: wait as long as it takes). A cluster never reached raises ``ClusterNotReached`` (the
+        class docstring); one unreachable past ``outage_limit`` raises ``KafkaUnreachable``."""
         fetched = self._next(timeout)
         if fetched is None:
             return None
@@ -110,7 +124,15 @@ class BatchConsumer:
         self._positions[partition] = offset + 1
         return group.ready()
 
+    def _contact(self) -> None:
+        """Wait for the cluster's first answer (the class docstring), once."""
+        if not self._contacted:
+            first_contact(self.bootstrap_servers, self.connect_timeout)
+            self._contacted = True
+            self._last_contact = time.monotonic()
+
     def _next(self, timeout: float | None) -> tuple[StructuredGroup, int, int] | None:
+        self._contact()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = 1.0 if deadline is None else deadline - time.monotonic()
@@ -118,7 +140,7 @@ class BatchConsumer:
                 return None
             message = self._consumer.poll(min(remaining, 1.0))
             if message is None:
-                self._check_contact()
+                self._check_contact(deadline)
                 continue
             self._last_contact = time.monotonic()
             if message.error():
@@ -139,19 +161,21 @@ class BatchConsumer:
             if not self._held:  # a skipped record moves the position only if no group waits before it
                 self._positions[message.partition()] = message.offset() + 1
 
-    def _check_contact(self, every: float = 5.0) -> None:
+    def _check_contact(self, deadline: float | None, every: float = 5.0) -> None:
         """While nothing arrives, ask the broker every few seconds whether it is there: the trainer rides
-        through an outage (librdkafka reconnects) and gets ``KafkaUnreachable`` past ``outage_limit``."""
+        through an outage (librdkafka reconnects) and gets ``KafkaUnreachable`` past ``outage_limit``.
+        The question waits no later than the fetch's ``deadline`` (a second at least)."""
         quiet = time.monotonic() - self._last_contact
         if self.outage_limit is None or quiet < every:
             return
+        wait = every if deadline is None else min(every, max(1.0, deadline - time.monotonic()))
         try:
-            self._consumer.list_topics(self.topic, timeout=every)
+            self._consumer.list_topics(self.topic, timeout=wait)
             self._last_contact = time.monotonic()
         except KafkaException as exc:
             if quiet > self.outage_limit:
                 raise KafkaUnreachable(f"Kafka at {self.bootstrap_servers} unreachable for {quiet:.0f}s "
-                                       f"(outage_limit {self.outage_limit:g}): {exc}") from None
+                                       f"(outage_limit {self.outage_limit:g}): {error_words(exc)}") from None
 
     def fetch_dataproto(self, n_groups: int, timeout: float | None = None,
                         current_version: int | None = None) -> Any | None:
@@ -266,7 +290,9 @@ class BatchConsumer:
         return False
 
     def fetch_batch(self, n_rollouts: int | None = None, timeout: float | None = None) -> list[Step] | None:
-        """The steps of the next ready group, ordered by (trajectory_uid, step_index)."""
+        """The steps of the next ready group, ordered by (trajectory_uid, step_index); ``None`` only when
+        no group became ready within ``timeout``. A wrong address raises ``ClusterNotReached`` within
+        ``connect_timeout`` (the class docstring); an outage past ``outage_limit``, ``KafkaUnreachable``."""
         group = self.fetch_group(timeout)
         if group is None:
             return None

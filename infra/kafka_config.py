@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 import javaproperties
 
-from trajbus.infra.outage import cluster_outage
+from trajbus.infra.outage import ClusterNotReached, KafkaUnreachable, cluster_outage  # re-exported
 
 CONFIG_FILE_VAR = "TRAJBUS_KAFKA_CONFIG"
 ENV_PREFIX = "TRAJBUS_KAFKA_"
@@ -47,10 +47,6 @@ _authentication_failure: tuple[str, str] | None = None
 """(what failed, librdkafka's words): the last refused login or TLS handshake seen by any client."""
 SECURITY_CHECKS = {"authentication": "sasl.username and sasl.password",
                    "TLS handshake": "ssl.ca.location (the CA that signed the broker's certificate)"}
-
-
-class KafkaUnreachable(RuntimeError):
-    """Kafka did not answer for longer than a component's outage limit: it exits for a supervisor."""
 
 
 class KafkaConfigError(ValueError):
@@ -243,7 +239,16 @@ def authentication_failure(bootstrap_servers: str | None = None, timeout: float 
 
 def explain(exc: BaseException, bootstrap_servers: str | None = None) -> str:
     """A Kafka failure in one line, naming refused credentials or TLS first (the cause, not its symptom)."""
-    return authentication_failure(bootstrap_servers) or f"Kafka: {exc}"
+    return authentication_failure(bootstrap_servers) or f"Kafka: {error_words(exc)}"
+
+
+def error_words(exc: BaseException) -> str:
+    """What a failure says: a ``KafkaException``'s error text (``Failed to get metadata: Local: Broker
+    transport failure``), not the ``KafkaError{code=...}`` repr its ``str`` gives."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return error.str() if isinstance(error, KafkaError) else str(exc)
 
 
 def redacted(properties: dict[str, Any]) -> dict[str, Any]:

@@ -13,15 +13,22 @@ again, once at INFO with its duration. The attempts themselves are DEBUG records
 gateway): it probes every few seconds even when no client is busy, reports to the same
 ``ClusterOutage``, and past ``limit`` seconds calls ``on_limit`` once, after which the
 component exits non-zero with one line.
+
+A cluster no client of this process has reached yet is not in an outage: it may be a wrong
+address. ``first_contact`` (a producer's first call, a consumer's first fetch, the CLI's
+commands) waits up to ``CONNECT_TIMEOUT`` for its first answer and otherwise raises
+``ClusterNotReached``, one line naming the address; meanwhile the outage line is held back,
+so that error is the only line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -36,6 +43,19 @@ PROBE_INTERVAL = 1.0
 QUIET = 30.0
 """Probing stops once no client reported a failure for this long (they were all closed, or none polls):
 the outage stays open, without a line, until a client reports again."""
+
+CONNECT_TIMEOUT = 10.0
+"""How long a first contact waits for a cluster no client of this process has reached: a broker that
+is up answers in milliseconds, one starting has these seconds, a wrong address is told after them."""
+
+
+class KafkaUnreachable(RuntimeError):
+    """Kafka did not answer for longer than a client or component waits: its outage limit (it exits for a
+    supervisor), or a first contact's ``CONNECT_TIMEOUT`` (``ClusterNotReached``)."""
+
+
+class ClusterNotReached(KafkaUnreachable):
+    """No broker at the bootstrap address answered a first contact: a wrong address, or a cluster not up."""
 
 
 class Probe(Protocol):
@@ -91,7 +111,12 @@ class ClusterOutage:
         """Wall-clock time the current outage began (None: no outage known)."""
         self.reason: str | None = None
         """The last failed attempt's words a client reported (the outage line gives them)."""
+        self.answered = False
+        """Whether a client of this process had an answer from the cluster (a first contact, a probe)."""
         self._began: float | None = None
+        self._told = False
+        """Whether the current outage's first line was logged (not when a first contact tells it)."""
+        self._first_contacts = 0
         self._last_failure = float("-inf")
         self._probe, self._clock = probe, clock
         self._lock = threading.Lock()
@@ -115,21 +140,45 @@ class ClusterOutage:
                 self._watcher.start()
 
     def failed(self, reason: str | None = None) -> None:
-        """The cluster is confirmed unreachable: the outage's first line, once."""
+        """The cluster is confirmed unreachable: the outage's first line, once (a DEBUG record while a
+        first contact with a cluster never answered is under way: its error tells it)."""
         with self._lock:
             if self._began is not None:
                 return
             self._began, self.down_since = self._clock(), time.time()
             reason = reason or self.reason or "no broker answered"
+            self._told = self.answered or not self._first_contacts
+        if not self._told:
+            log.debug("no broker of %s answers a first contact yet (%s)", self.servers, reason)
+            return
         log.warning("Kafka outage began: no broker of %s answers (%s); clients keep retrying, each attempt "
                     "logged at DEBUG", self.servers, reason)
 
     def reached(self) -> None:
-        """The cluster answered: the outage's last line, once."""
+        """The cluster answered: the outage's last line, once (none for an outage that had no first line)."""
         with self._lock:
-            began, self._began, self.down_since = self._began, None, None
-        if began is not None:
+            began, told = self._began, self._told
+            self._began, self.down_since, self.answered = None, None, True
+        if began is not None and told:
             log.info("Kafka outage ended: %s answers again after %.1fs", self.servers, self._clock() - began)
+
+    @contextlib.contextmanager
+    def contacting(self) -> Iterator[None]:
+        """A first contact under way: an outage confirmed meanwhile, of a cluster never answered, is its
+        to tell (``failed`` logs it at DEBUG)."""
+        with self._lock:
+            self._first_contacts += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._first_contacts -= 1
+
+    def not_reached(self) -> None:
+        """A first contact failed and raised its error: the cluster is down from now on, already told."""
+        with self._lock:
+            if self._began is None:
+                self._began, self.down_since, self._told = self._clock(), time.time(), False
 
     def _watch(self) -> None:
         """Probe until the cluster answers, or until no client has reported a failure for ``QUIET`` s.
@@ -177,6 +226,31 @@ def _forget_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def first_contact(servers: str, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Return once the cluster at ``servers`` answered a client of this process (at once if one did
+    before); else raise ``ClusterNotReached`` after ``timeout`` seconds, one line naming the address and
+    the last attempt's words. Refused credentials raise ``clients.RefusedCredentials`` at once."""
+    cluster = cluster_outage(servers)
+    if cluster.answered:
+        return
+    from trajbus.infra.clients import RefusedCredentials, admin, cluster_metadata  # clients -> kafka_config -> here
+
+    with cluster.contacting():
+        try:
+            cluster_metadata(admin(servers, {"logger": log}), timeout)
+        except RefusedCredentials:
+            raise
+        except KafkaException as exc:
+            from trajbus.infra.kafka_config import error_words  # kafka_config imports this module
+
+            cluster.not_reached()
+            why = cluster.reason or error_words(exc)
+            raise ClusterNotReached(f"no Kafka broker answers at {servers} within {timeout:g}s ({why}); "
+                                    "is the address right? (--bootstrap-servers, TRAJBUS_BOOTSTRAP_SERVERS)"
+                                    ) from None
+    cluster.reached()
 
 
 class OutageWatch:

@@ -14,13 +14,14 @@ from typing import Callable
 
 from confluent_kafka import KafkaException
 
-from trajbus.infra.arguments import positive_int
+from trajbus.infra.arguments import positive_float, positive_int
 from trajbus.infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
 from trajbus.infra.declared import add_flags, resolve, setting_value
 from trajbus.infra.kafka_broker import BrokerError
 from trajbus.infra.kafka_config import (KafkaConfigError, KafkaUnreachable, add_connection_arguments,
                                         apply_connection_arguments, authentication_failure, explain)
 from trajbus.infra.logs import configure_logging
+from trajbus.infra.outage import CONNECT_TIMEOUT, first_contact
 from trajbus.pipelines.tables import print_table
 from trajbus.pipelines.broker_command import BrokerUsageError, add_broker_parser
 from trajbus.infra.topics import ReplicationError, consumer_groups_lag, describe_topics, ensure_topics
@@ -64,9 +65,16 @@ def _raised_on_purpose(args: argparse.Namespace, settings: TopicSettings) -> lis
     return [name(channel, settings.prefix) for name in kinds for channel in args.channels]
 
 
+def _add_connect_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--connect-timeout", type=positive_float, default=CONNECT_TIMEOUT, metavar="SECONDS",
+                        help="how long to wait for the cluster's first answer; past it (a wrong address) one line "
+                             "naming the address, exit 1 (default: %(default)g)")
+
+
 def cmd_topics(args: argparse.Namespace) -> int:
     servers = resolve_bootstrap_servers(args.bootstrap_servers)
     settings = _topic_settings(args)
+    first_contact(servers, args.connect_timeout)
     if args.create:
         specs = settings.specs(args.channels)
         created = ensure_topics(servers, specs, grow_partitions=_raised_on_purpose(args, settings))
@@ -123,6 +131,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from trajbus.streams.stats import held_partitions, read_snapshots, summarize
 
     servers = resolve_bootstrap_servers(args.bootstrap_servers)
+    first_contact(servers, args.connect_timeout)
     started, deadline = time.time(), time.monotonic() + args.wait
     snapshots = read_snapshots(servers, args.prefix)
     while args.wait and time.monotonic() < deadline and not any(s["updated_at"] >= started for s in snapshots):
@@ -275,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     topics = sub.add_parser("topics", help="list (and with --create, provision) trajbus topics")
     _add_common(topics)
     topics.add_argument("--create", action="store_true", help="provision the topics of --channels first")
+    _add_connect_timeout(topics)
     topics.set_defaults(func=cmd_topics)
 
     worker = sub.add_parser("worker", help="the Faust stream processor that assembles prompt groups")
@@ -294,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also one line per live worker: the steps partitions it holds (in --json: always)")
     stats.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                        help="wait up to SECONDS for a worker's snapshot taken after this command started")
+    _add_connect_timeout(stats)
     stats.set_defaults(func=cmd_stats)
 
     gateway = sub.add_parser("gateway", help="the HTTP gateway of agents (OpenAI-compatible, token-exact)")

@@ -29,6 +29,8 @@ from confluent_kafka import KafkaException
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.topics import ensure_topics
 from trajbus.infra.clients import acked_producer
+from trajbus.infra.kafka_config import error_words
+from trajbus.infra.outage import CONNECT_TIMEOUT, KafkaUnreachable, first_contact
 from trajbus.streams import codec
 from trajbus.streams.delivery import Acks, DeliveryError, Poller, TopicsUnavailable, resolve
 from trajbus.streams.prefix import DEFAULT_MEMORY_BYTES, PrefixEncoder
@@ -67,6 +69,12 @@ class StepProducer:
     channel works without a separate set-up step. An existing topic keeps its
     partition count whatever ``settings`` say (one warning where they ask for more):
     raising it moves keys between partitions, so only ``trajbus topics`` does, on purpose.
+
+    Constructing connects nothing. The first call (a submit, ``complete_trajectory`` or ``provision``)
+    waits for the cluster's first answer, up to ``CONNECT_TIMEOUT`` (10 s) or ``timeout`` if shorter,
+    unless a client of this process reached it before; without one it raises ``TopicsUnavailable``
+    naming the address (a wrong address is one error, nothing sent). A cluster reached once is
+    ridden through when it goes away: a call fails only past its ``timeout``.
     """
 
     def __init__(
@@ -88,6 +96,7 @@ class StepProducer:
         self.provision_topics = provision_topics
         self._provisioned: set[str] = set()
         self._provision_lock = threading.Lock()
+        self._reached = False
         self._closed = False
         self._prefixes = PrefixEncoder(prefix_memory_bytes)
         self._order_lock = threading.Lock()
@@ -113,30 +122,54 @@ class StepProducer:
     def provision(self, channel: str) -> None:
         """Create the channel's topics if missing (idempotent; done once per channel)."""
         validate_channel(channel)
+        self._reach()
         with self._provision_lock:
             if channel not in self._provisioned:
                 try:
                     ensure_topics(self.bootstrap_servers,
                                   self.settings.shared_specs() + self.settings.channel_specs(channel), self.timeout)
                 except (KafkaException, RuntimeError) as exc:
-                    raise TopicsUnavailable(f"topics of channel {channel!r} not provisioned: {exc}") from exc
+                    raise TopicsUnavailable(f"topics of channel {channel!r} not provisioned: "
+                                            f"{error_words(exc)}") from exc
                 self._provisioned.add(channel)
+
+    def _reach(self) -> None:
+        """The first call's wait for the cluster's first answer (the class docstring): a wrong address
+        is one error naming it, in ``CONNECT_TIMEOUT`` (or ``timeout``) seconds at most."""
+        if self._reached:
+            return
+        try:
+            first_contact(self.bootstrap_servers, min(self.timeout, CONNECT_TIMEOUT))
+        except (KafkaUnreachable, KafkaException) as exc:
+            raise TopicsUnavailable(f"{error_words(exc)}; nothing was sent") from None
+        self._reached = True
+
+    def _ready(self, channel: str) -> None:
+        """Reached, and the channel's topics provisioned where this producer provisions them."""
+        self._reach()
+        if self.provision_topics and channel not in self._provisioned:
+            self.provision(channel)
 
     def _topic(self, channel: str) -> str:
         topic = steps_topic(validate_channel(channel), self.prefix)
-        if self.provision_topics and channel not in self._provisioned:
-            self.provision(channel)
+        if not self._reached or (self.provision_topics and channel not in self._provisioned):
+            self._ready(channel)
         return topic
 
     async def _topic_async(self, channel: str) -> str:
-        """``_topic``, provisioning (a blocking admin call, once per channel) on a worker thread."""
+        """``_topic``, its first contact and provisioning (blocking, once) on a worker thread."""
         topic = steps_topic(validate_channel(channel), self.prefix)
-        if self.provision_topics and channel not in self._provisioned:
-            await asyncio.to_thread(self.provision, channel)
+        if not self._reached or (self.provision_topics and channel not in self._provisioned):
+            await asyncio.to_thread(self._ready, channel)
         return topic
 
     def _steps(self, steps: Iterable[Step | Mapping[str, Any]], channel: str, n_rollouts: int | None) -> list[Step]:
         """Every step checked (all before any is sent), with its channel and group size set."""
+        if isinstance(steps, (Step, Mapping)):  # iterating a dict gives its keys: name the real mistake
+            raise ValueError(f"steps: expected a list of steps, got a single {type(steps).__name__}; "
+                             "pass a list, e.g. submit_steps([step])")
+        if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
+            raise ValueError(f"steps: expected a list of steps (Step or dict), got {type(steps).__name__}")
         validate_channel(channel)
         if n_rollouts is not None and (type(n_rollouts) is not int or n_rollouts < 1):
             raise ValueError(f"n_rollouts: must be a positive integer, got {n_rollouts!r}")

@@ -1,9 +1,12 @@
-"""An outage in trajbus's client logs is two lines (began, ended), never librdkafka's lines per attempt.
+"""An outage in trajbus's client logs is two lines (began, ended), never librdkafka's lines per attempt;
+a wrong address is one error naming it, in bounded time.
 
 Issue 35: during one 20 s outage a user's ``StepProducer`` printed 80 raw ``FAIL [rdkafka#producer-4] ...
 Connection refused`` lines, and a ``BatchConsumer`` at a wrong address 194 in 5 s. Every client trajbus
 builds says "outage began" once (naming the bootstrap servers) and "outage ended" once (with its duration);
-each connection attempt is a DEBUG record.
+each connection attempt is a DEBUG record. Issue 36: at a wrong address the producer raised after 30 s, a
+fetch returned ``None`` after 10 s (as if no group were ready) and ``trajbus stats`` printed a raw
+``KafkaError{...}``; now each says, once, that no broker answers at that address.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 from trajbus.consumers import BatchConsumer
 from trajbus.pipelines.processes import free_port
@@ -37,36 +41,54 @@ def outage_lines(caplog, word: str) -> list[str]:
 
 USER_SCRIPT = textwrap.dedent("""
     import sys
+    import time
+
     from trajbus.consumers import BatchConsumer
-    from trajbus.streams.producer import DeliveryError, StepProducer
+    from trajbus.infra.outage import ClusterNotReached
+    from trajbus.streams.producer import StepProducer, TopicsUnavailable
     from trajbus.streams.records import Step
 
-    servers = sys.argv[1]
-    producer = StepProducer(servers, timeout=2, provision_topics=False)
-    try:
-        producer.submit_steps([Step(prompt_ids=[1], response_ids=[2], reward=0.0, trajectory_uid="t", prompt_uid="p",
-                                    step_index=0, policy_version=0, is_last=True, metadata={})])
-    except DeliveryError:
-        pass
-    producer.close()
-    consumer = BatchConsumer("train", servers, outage_limit=None)
-    assert consumer.fetch_batch(timeout=2) is None
-    consumer.close()
-    print("done")
+    wrong, right, prefix = sys.argv[1:]
+    step = Step(prompt_ids=[1], response_ids=[2], reward=0.0, trajectory_uid="t", prompt_uid="p", is_last=True)
+
+    def timed(what, call):
+        started = time.monotonic()
+        try:
+            result = call()
+        except (TopicsUnavailable, ClusterNotReached) as exc:
+            result = f"{type(exc).__name__}: {exc}"
+        print(f"{what} {time.monotonic() - started:.1f} {result}", flush=True)
+
+    with StepProducer(wrong, timeout=2) as producer:
+        timed("submit", lambda: producer.submit_steps([step]))
+    with BatchConsumer("train", wrong, connect_timeout=2) as consumer:
+        timed("fetch", lambda: consumer.fetch_batch(timeout=1))
+    with StepProducer(right, prefix=prefix) as producer:
+        timed("submit", lambda: producer.submit_steps([step]))
+    with BatchConsumer("train", right, prefix=prefix) as consumer:
+        timed("fetch", lambda: consumer.fetch_batch(timeout=1))
 """)
 
 
-def test_user_code_at_a_dead_address_prints_one_outage_line_and_no_librdkafka_line(tmp_path):
-    """As a user runs it: no logging set up, so whatever a library logs at WARNING reaches stderr bare."""
-    servers = f"127.0.0.1:{free_port()}"  # nothing listens there
+def test_user_code_at_a_wrong_address_gets_one_error_naming_it_and_nothing_else(bootstrap_servers, prefix, tmp_path):
+    """As a user runs it, no logging set up (whatever a library logs at WARNING reaches stderr bare): at a
+    wrong address, the producer's first call and the consumer's first fetch each raise one error naming it,
+    within their bounds (2 s asked); at the right address, a fetch with no group ready is ``None``."""
+    wrong = f"127.0.0.1:{free_port()}"  # nothing listens there
     script = tmp_path / "user.py"
     script.write_text(USER_SCRIPT)
-    done = subprocess.run([sys.executable, str(script), servers], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-3000:]
-    raw = RAW_LIBRDKAFKA.findall(done.stderr)
-    assert not raw, f"{len(raw)} raw librdkafka lines on stderr, e.g. {done.stderr.splitlines()[0]!r}"
-    began = [line for line in done.stderr.splitlines() if "Kafka outage began" in line]
-    assert len(began) == 1 and servers in began[0], done.stderr[-3000:]
+    done = subprocess.run([sys.executable, str(script), wrong, bootstrap_servers, prefix], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr == "", f"a line besides the errors: {done.stderr[:2000]}"
+    said = [line.split(" ", 2) for line in done.stdout.splitlines()]
+    assert [what for what, _, _ in said] == ["submit", "fetch", "submit", "fetch"], done.stdout
+    (_, submit_took, submit), (_, fetch_took, fetch), (_, _, acked), (_, _, nothing_ready) = said
+    refused = rf"no Kafka broker answers at {re.escape(wrong)} within 2s \(Connect to .*Connection refused\); "
+    assert re.fullmatch(rf"TopicsUnavailable: {refused}.*; nothing was sent", submit), submit
+    assert re.fullmatch(rf"ClusterNotReached: {refused}.*", fetch), fetch
+    assert float(submit_took) < 10 and float(fetch_took) < 10, done.stdout  # 2 s asked: a deadline, generous
+    assert (acked, nothing_ready) == ("1", "None"), done.stdout
 
 
 def test_a_broker_killed_and_restarted_is_one_outage_began_and_one_ended(own_broker, prefix, capfd, caplog):
@@ -93,3 +115,19 @@ def test_a_broker_killed_and_restarted_is_one_outage_began_and_one_ended(own_bro
     assert not loud, f"librdkafka lines at WARNING or above (bare on a user's stderr): {loud[:3]}"
     captured = capfd.readouterr()
     assert not RAW_LIBRDKAFKA.search(captured.err + captured.out), captured.err[-2000:]
+
+
+def test_stats_and_topics_at_a_wrong_address_say_so_in_one_line_and_exit_1(tmp_path):
+    wrong = f"127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    commands = {name: subprocess.Popen([sys.executable, "-m", "trajbus.pipelines.cli", name, "--bootstrap-servers",
+                                        wrong, "--connect-timeout", "2"], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+                for name in ("stats", "topics")}
+    for name, command in commands.items():
+        out, err = command.communicate(timeout=60)
+        assert command.returncode == 1, err[-2000:]
+        assert out == "" and len(err.splitlines()) == 1, err[-2000:]
+        assert err.startswith(f"trajbus {name}: no Kafka broker answers at {wrong} within 2s ("), err
+        assert "Connection refused" in err and "KafkaError{" not in err and not RAW_LIBRDKAFKA.search(err), err
+    assert time.monotonic() - started < 30, "both gave up at their --connect-timeout (2 s), not later"
