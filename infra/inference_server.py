@@ -62,7 +62,9 @@ class Engine:
     def __init__(self, model_dir: Path, device: str | None = None) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as transformers_logging
 
+        transformers_logging.disable_progress_bar()  # a server's stderr is its log: no "Loading weights" bar
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model_dir = model_dir
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
