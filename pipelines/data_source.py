@@ -33,7 +33,6 @@ Settings use slime's argument names (``prompt_data``, ``input_key``,
 
 from __future__ import annotations
 
-import copy
 import json
 import uuid
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from typing import Any, Callable
 
 from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.prompt_dataset import PromptDataset, read_records
+from trajbus.pipelines.sample_kind import TRAJBUS_SAMPLES, SampleKind
 from trajbus.pipelines.samples import Sample, Status
 from trajbus.streams.ledger import BufferEntry, Dispatch
 from trajbus.streams.settings import import_dotted
@@ -60,6 +60,7 @@ class DataSourceArgs:
     metadata_key: str = "metadata"
     tool_key: str | None = None
     apply_chat_template: bool = False
+    apply_chat_template_kwargs: dict[str, Any] | None = None
     tokenizer_path: str | None = None
     rollout_max_prompt_len: int | None = None
     n_samples_per_prompt: int = 1
@@ -82,10 +83,12 @@ def _state_path(directory: str | Path, rollout_id: int) -> Path:
 
 
 class RolloutDataSource:
-    """Read-only prompt groups from a dataset, epoch after epoch; on a ``ledger``, recorded and resumable."""
+    """Read-only prompt groups from a dataset, epoch after epoch; on a ``ledger``, recorded and resumable.
+    ``kind``: the ``Sample`` class handed out (trajbus's; slime's for a data source inside slime)."""
 
-    def __init__(self, args: Any, ledger: PromptLedger | None = None) -> None:
+    def __init__(self, args: Any, ledger: PromptLedger | None = None, kind: SampleKind = TRAJBUS_SAMPLES) -> None:
         self.args = args
+        self.kind = kind
         self.epoch_id = 0
         self.sample_offset = 0
         self.sample_index = 0
@@ -101,8 +104,13 @@ class RolloutDataSource:
             ledger.provision()
             ledger.refresh()
             ledger.view.check_dataset(self.dataset_id)
-            self.due = ledger.settle_open(why="data source resumed")
+            self.due = self._settle_left_open()
             self._roll_forward()
+
+    def _settle_left_open(self) -> list[Dispatch]:
+        """The dispatches a crashed run left open, given up; returns those to hand out again. Here the
+        stream worker settles each (its group may already be on the groups topic)."""
+        return self.ledger.settle_open(why="data source resumed")
 
     def _roll_forward(self) -> None:
         """The cursor after the last prompt dispatched, and the next sample index, as the ledger has them."""
@@ -114,10 +122,11 @@ class RolloutDataSource:
         self.sample_index = max(self.sample_index, view.max_sample_index + 1)
 
     def _copies(self, prompt: Sample | None) -> list[Sample]:
-        group = []
+        """``n_samples_per_prompt`` copies; ``group_index`` counts groups, as slime's (first index // n)."""
+        group, group_index = [], self.sample_index // self.args.n_samples_per_prompt
         for _ in range(self.args.n_samples_per_prompt):
-            sample = copy.deepcopy(prompt) if prompt is not None else Sample()
-            sample.index = self.sample_index
+            sample = self.kind.new(prompt)
+            sample.index, sample.group_index = self.sample_index, group_index
             self.sample_index += 1
             group.append(sample)
         return group
@@ -180,12 +189,12 @@ class RolloutDataSource:
         for dispatch in taken:
             root = self.ledger.view.root(dispatch.prompt_uid)
             if root.source == "buffer":
-                group = [Sample.from_dict(s) for s in self.ledger.view.buffered[root.origin]]
+                group = [self.kind.restore(s) for s in self.ledger.view.buffered[root.origin]]
             else:
                 prompt = self._prompt_at(root.epoch, root.offset)
-                group = [copy.deepcopy(prompt) if prompt is not None else Sample() for _ in root.sample_indices]
+                group = [self.kind.new(prompt) for _ in root.sample_indices]
                 for sample, index in zip(group, root.sample_indices):
-                    sample.index = index
+                    sample.index, sample.group_index = index, root.sample_indices[0] // len(root.sample_indices)
             picked.append(self._dispatchable(group, "reissue", root.offset, dispatch.prompt_uid, root.epoch))
         return picked
 
@@ -242,6 +251,10 @@ class RolloutDataSource:
     def get_metadata(self) -> dict[str, Any]:
         return self.metadata
 
+    def __len__(self) -> int:
+        """The prompts of one epoch (0 without a dataset), as slime's: its trainer counts rollouts by it."""
+        return len(self.dataset) if self.dataset is not None else 0
+
 
 BufferFilter = Callable[[Any, Any, list[list[Sample]], int], list[list[Sample]]]
 
@@ -256,7 +269,7 @@ def pop_first(args: Any, rollout_id: Any, buffer: list[list[Sample]], num_sample
 class RolloutDataSourceWithBuffer(RolloutDataSource):
     """The buffer first (aborted or returned groups), then the dataset."""
 
-    def __init__(self, args: Any, ledger: PromptLedger | None = None) -> None:
+    def __init__(self, args: Any, ledger: PromptLedger | None = None, kind: SampleKind = TRAJBUS_SAMPLES) -> None:
         self.buffer: list[list[Sample]] = []
         self._entries: dict[int, str] = {}
         """On a ledger: id() of a buffered group -> its buffer entry."""
@@ -264,7 +277,9 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
         self.buffer_filter: BufferFilter = import_dotted(path, "buffer_filter_path") if path else pop_first
         if not callable(self.buffer_filter):
             raise ValueError(f"buffer_filter_path: {path!r} is not callable")
-        super().__init__(args, ledger)
+        self.filter_args: Any = args
+        """What the buffer filter gets as its ``args`` (slime's own, inside slime)."""
+        super().__init__(args, ledger, kind)
 
     def _put_back(self, taken: list[tuple[list[Sample], Dispatch]]) -> None:
         self.buffer[:0] = [group for group, _ in taken]
@@ -273,12 +288,12 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
     def _roll_forward(self) -> None:
         super()._roll_forward()
         buffered = self.ledger.view.buffer()
-        self.buffer = [[Sample.from_dict(s) for s in samples] for samples in buffered.values()]
+        self.buffer = [[self.kind.restore(s) for s in samples] for samples in buffered.values()]
         self._entries = {id(group): entry for group, entry in zip(self.buffer, buffered)}
 
     def _new_groups(self, num_samples: int) -> list[tuple[list[Sample], Dispatch | None]]:
         """The buffer first (through the buffer filter), then the dataset."""
-        taken = self.buffer_filter(self.args, None, self.buffer, num_samples) if self.buffer else []
+        taken = self.buffer_filter(self.filter_args, None, self.buffer, num_samples) if self.buffer else []
         picked = [self._dispatchable(g, "buffer", -1, self._entries.pop(id(g), None)) for g in taken]
         if len(picked) < num_samples:
             picked += super()._new_groups(num_samples - len(picked))
@@ -289,22 +304,27 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
         if not isinstance(samples, list):
             raise ValueError(f"samples: expected a list of groups, got {type(samples).__name__}")
         for position, group in enumerate(samples):
-            if not isinstance(group, list) or not all(isinstance(s, Sample) for s in group):
+            if not isinstance(group, list) or not all(self.kind.is_sample(s) for s in group):
                 raise ValueError(f"samples[{position}]: a group is a list of Sample")
             if len(group) != self.args.n_samples_per_prompt:
                 raise ValueError(f"samples[{position}]: has {len(group)} samples, n_samples_per_prompt is "
                                  f"{self.args.n_samples_per_prompt}")
         if self.ledger is not None:  # a group returned from a dispatch replaces it: that one is given up
-            entries = [BufferEntry(uuid.uuid4().hex[:16], [s.to_dict() for s in group], group[0].prompt_uid)
-                       for group in samples]
+            entries = [BufferEntry(uuid.uuid4().hex[:16], [self.kind.record(s) for s in group],
+                                   getattr(group[0], "prompt_uid", None) if group else None) for group in samples]
             self.ledger.write(entries)
-            self.ledger.abandon([entry.replaces for entry in entries if entry.replaces], "returned to the buffer")
+            self._give_up([entry.replaces for entry in entries if entry.replaces], "returned to the buffer")
             self._entries.update({id(group): entry.entry_id for group, entry in zip(samples, entries)})
         self.buffer.extend(samples)
 
+    def _give_up(self, prompt_uids: list[str], why: str) -> None:
+        """Dispatches whose groups went back to the buffer: the stream worker drops them unless emitted."""
+        if prompt_uids:
+            self.ledger.abandon(prompt_uids, why)
+
     def return_aborted(self, groups: list[list[Sample]]) -> int:
         """Partial rollouts cut off (status ``aborted``) go back to the buffer, responses kept; returns how many."""
-        aborted = [g for g in groups if any(s.status == Status.ABORTED for s in g)]
+        aborted = [g for g in groups if any(s.status == self.kind.status.ABORTED for s in g)]
         self.add_samples(aborted)
         return len(aborted)
 
@@ -312,8 +332,10 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
         return len(self.buffer)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "buffer": [[s.to_dict() for s in g] for g in self.buffer]}
+        return {**super().state_dict(), "buffer": [[self.kind.record(s) for s in g] for g in self.buffer]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The saved buffer; on a ledger, the ledger's replaces it (the file's may have been taken since)."""
+        self.buffer = [[self.kind.restore(s) for s in g] for g in state.get("buffer", [])]
+        self._entries = {}
         super().load_state_dict(state)
-        self.buffer = [[Sample.from_dict(s) for s in g] for g in state.get("buffer", [])]

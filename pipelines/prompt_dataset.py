@@ -62,8 +62,9 @@ class PromptDataset:
             tools = row.get(args.tool_key) if args.tool_key else None
             if args.apply_chat_template:
                 messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+                options = getattr(args, "apply_chat_template_kwargs", None) or {}
                 prompt = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                       add_generation_prompt=True)
+                                                       add_generation_prompt=True, **options)
             if args.rollout_max_prompt_len is not None:
                 text = prompt if isinstance(prompt, str) else json.dumps(prompt)
                 if len(tokenizer.encode(text, add_special_tokens=False)) > args.rollout_max_prompt_len:
