@@ -36,6 +36,9 @@ class PartitionRecovery(AssemblerParts):
 
     positions: SourcePositions
     reconciled: set[int]
+    told_direct_reads = False
+    """Whether a direct read was logged since the last rebalance: one WARNING per rebalance, the rest at DEBUG
+    (after a broker restart every partition has its range to read, which is the recovery working)."""
 
     def forget_positions(self) -> None:
         """After a rebalance, positions, pending groups and reconciliation are re-read from the
@@ -44,6 +47,7 @@ class PartitionRecovery(AssemblerParts):
         self.reconciled.clear()
         self.pending.clear()
         self.positions.forget()
+        self.told_direct_reads = False
 
     def forget_partition(self, partition: int) -> None:
         """An event of this partition failed half-way: its changes since the last tick are dropped with
@@ -80,8 +84,10 @@ class PartitionRecovery(AssemblerParts):
     async def apply_range(self, channel: str, partition: int, start: int, end: int, why: str) -> None:
         """Read ``start <= offset < end`` of a steps partition directly and apply what is still new."""
         topic = steps_topic(channel, self.prefix)
-        log.warning("source offsets %d..%d of %s[%d] %s; reading them directly", start, end - 1, topic, partition,
-                    why)
+        log.log(logging.DEBUG if self.told_direct_reads else logging.WARNING,
+                "source offsets %d..%d of %s[%d] %s; reading them directly%s", start, end - 1, topic, partition, why,
+                "" if self.told_direct_reads else " (other partitions' direct reads at DEBUG until the next rebalance)")
+        self.told_direct_reads = True
         for record in await asyncio.to_thread(read_range, self.bootstrap_servers, topic, partition, start, end):
             if record.offset >= self.positions.expected.get((channel, partition), start):
                 await self.apply_at(channel, partition, record)

@@ -17,7 +17,10 @@ DEBUG records (``RoutineClientLines``), shown with ``--faust-loglevel DEBUG``:
   coordinator dead", "Will retry", "because it is rebalancing", "generation id is not current",
   "will rejoin"): each ends in a retry or a rejoin, which the assignment line reports;
 - ``aiokafka.producer.sender``: a send to a broker that is gone, retried ("Cannot send",
-  "Got error produce response ... retrying").
+  "Got error produce response ... retrying");
+- ``mode.timers``: "Timer commit is overlapping (... runtime=34.5)": Faust's commit timer (every
+  0.5 s) awaits each commit, which waits for the broker's answer through the whole outage
+  (``ROUTINE_TIMERS``). Any other timer's overlap stays a WARNING: a blocked event loop.
 
 Matching whole templates, never a logger, keeps every other line of these loggers at its level:
 the fetcher's and the coordinator's "Unexpected error ...", a failed join, SyncGroup or partition
@@ -76,6 +79,18 @@ ROUTINE: dict[str, frozenset[str]] = {
 }
 """Per logger, the message templates of a routine attempt (``record.msg``, before its arguments)."""
 
+OVERLAPPING = "Timer %s is overlapping (interval=%r runtime=%r)"
+"""``mode.timers``' line for a timer whose run outlasted its interval."""
+ROUTINE_TIMERS = frozenset({"commit"})
+"""Faust's timers whose run waits on the broker (the consumer's commit): their overlap is an outage's."""
+
+
+def routine(record: LogRecord) -> bool:
+    """Whether ``record`` is a client's routine attempt (``ROUTINE``, or a broker-bound timer's overlap)."""
+    if record.name == "mode.timers" and record.msg == OVERLAPPING:
+        return bool(record.args) and record.args[0] in ROUTINE_TIMERS
+    return record.msg in ROUTINE.get(record.name, ())
+
 
 class RoutineClientLines(logging.Filter):
     """A routine client line (``ROUTINE``) becomes a DEBUG record, shown only where the libraries'
@@ -86,7 +101,7 @@ class RoutineClientLines(logging.Filter):
         self.level = logging.getLevelNamesMapping()[level.upper()] if isinstance(level, str) else level
 
     def filter(self, record: LogRecord) -> bool:
-        if record.msg not in ROUTINE.get(record.name, ()):
+        if not routine(record):
             return True
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return self.level <= logging.DEBUG

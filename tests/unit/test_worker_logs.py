@@ -17,7 +17,7 @@ from confluent_kafka import KafkaError, KafkaException
 from trajbus.streams import membership
 from trajbus.streams.membership import Membership, held_text, members_text, spans
 from trajbus.streams.periodic import every
-from trajbus.streams.worker_logs import ROUTINE, FailureStreak, RoutineClientLines, logging_config
+from trajbus.streams.worker_logs import OVERLAPPING, ROUTINE, FailureStreak, RoutineClientLines, logging_config
 
 LOGGER_MODULES = {"aiokafka": "aiokafka.client", "aiokafka.consumer.fetcher": "aiokafka.consumer.fetcher",
                   "aiokafka.consumer.group_coordinator": "aiokafka.consumer.group_coordinator",
@@ -64,6 +64,7 @@ OUTAGE_AS_SEEN = [  # what a worker printed when its only broker was stopped (is
     ("aiokafka.consumer.group_coordinator", logging.ERROR, "LeaveGroup request failed: %s", ("e",)),
     ("aiokafka.consumer.group_coordinator", logging.WARNING, "Heartbeat failed for group %s because it is rebalancing",
      ("g",)),
+    ("mode.timers", logging.WARNING, "Timer %s is overlapping (interval=%r runtime=%r)", ("commit", 0.5, 34.5)),
 ]
 REAL_ERRORS = [  # no retry mends these: they stay at their level
     ("aiokafka.consumer.fetcher", logging.ERROR, "Unexpected error in fetcher routine", ()),
@@ -73,6 +74,7 @@ REAL_ERRORS = [  # no retry mends these: they stay at their level
     ("aiokafka.cluster", logging.ERROR, "Topic %s not found in cluster metadata", ("t",)),
     ("aiokafka.consumer.fetcher", logging.WARNING, "Not authorized to read from topic %s.", ("t",)),
     ("faust.transport.drivers.aiokafka", logging.ERROR, "Committing raised exception: %r", ("e",)),
+    ("mode.timers", logging.WARNING, "Timer %s is overlapping (interval=%r runtime=%r)", ("Monitor.sampler", 1, 9)),
 ]
 
 
@@ -90,6 +92,14 @@ def test_every_routine_template_is_one_the_installed_aiokafka_logs(name):
     strings = {node.value for node in ast.walk(ast.parse(inspect.getsource(module)))
                if isinstance(node, ast.Constant) and isinstance(node.value, str)}
     assert ROUTINE[name] <= strings, sorted(ROUTINE[name] - strings)
+
+
+def test_the_timer_lines_are_the_installed_ones():
+    import faust.transport.consumer
+    import mode.timers
+
+    assert OVERLAPPING in inspect.getsource(mode.timers)
+    assert 'itertimer(interval, name="commit")' in inspect.getsource(faust.transport.consumer)
 
 
 def test_the_worker_configuration_filters_the_handler_and_honours_trajbus_v():
@@ -214,3 +224,22 @@ def test_the_first_assignment_is_the_ready_line_and_a_second_worker_says_it_shar
                      "(--broker-outage-limit)")
     assert rebalanced == ("rebalanced: one of 2 workers of group p-worker-train, which share the steps partitions; "
                           "holds steps partitions train 4-7")
+
+
+def test_direct_reads_after_a_rebalance_are_one_warning(caplog, monkeypatch):
+    """After a broker restart every partition has a range Faust skipped, read directly: the recovery
+    working, told once per rebalance (each partition at DEBUG)."""
+    from trajbus.streams import recovery
+    from trajbus.streams.recovery import PartitionRecovery
+
+    monkeypatch.setattr(recovery, "read_range", lambda *args: [])
+    worker = PartitionRecovery.__new__(PartitionRecovery)
+    worker.prefix, worker.bootstrap_servers, worker.pending, worker.reconciled = "p", "b:9092", {}, set()
+    worker.positions = SimpleNamespace(expected={}, forget=lambda: None)
+    with caplog.at_level(logging.DEBUG, logger="trajbus.worker"):
+        for partition in range(8):
+            asyncio.run(worker.apply_range("train", partition, 12, 36, "skipped by the consumer"))
+        worker.forget_positions()  # the next rebalance
+        asyncio.run(worker.apply_range("train", 0, 36, 40, "skipped by the consumer"))
+    levels = [r.levelname for r in caplog.records if "reading them directly" in r.getMessage()]
+    assert levels == ["WARNING"] + ["DEBUG"] * 7 + ["WARNING"]
