@@ -19,6 +19,7 @@ def test_broker_up_status_down_keeps_data_between_runs(tmp_path: Path):
     state_dir = str(tmp_path / "broker")
     up = trajbus("broker", "up", "--state-dir", state_dir)
     assert up.returncode == 0, up.stderr
+    assert up.stderr == "", "the command's own lines only: no log line at default verbosity"
     address = up.stdout.strip().splitlines()[-1]
     host, port = address.split(":")
     assert host == "127.0.0.1" and int(port) > 0
@@ -41,8 +42,9 @@ def test_broker_up_status_down_keeps_data_between_runs(tmp_path: Path):
     stopped = trajbus("broker", "status", "--state-dir", state_dir)
     assert stopped.returncode == 1 and "not running" in stopped.stdout
 
-    restarted = trajbus("broker", "up", "--state-dir", state_dir)
+    restarted = trajbus("-v", "broker", "up", "--state-dir", state_dir)
     assert restarted.returncode == 0, restarted.stderr
+    assert "kafka broker ready at" in restarted.stderr, "-v: the broker's log lines too"
     try:
         new_address = restarted.stdout.strip().splitlines()[-1]
         assert new_address == address  # the same port again when it is free

@@ -3,12 +3,15 @@
 The broker (of this test's own) is SIGKILLed under load and started again on the
 same port about 20 s later. Every step the broker acknowledged reaches the trainer
 exactly once; the worker, the gateway and the trainer's consumer are the same
-processes and objects before and after.
+processes and objects before and after. The worker's log reads as trajbus's lines
+(issue 36): the outage began and ended, its periodic work waited, no library's
+attempts and no traceback, and after the limit one line.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -22,6 +25,14 @@ from trajbus.streams.producer import StepProducer
 from tests.helpers import flowing, submit_until_stopped, wait_for
 
 OUTAGE_SECONDS = 20
+OUR_LINE = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ [A-Z]+ trajbus\.")
+"""A line trajbus logged (``infra.logs.FORMAT``, a logger under ``trajbus``)."""
+
+
+def not_ours(log: str) -> list[str]:
+    """The lines of a worker's log (default verbosity) that trajbus did not write: a library's line, a
+    traceback, anything printed bare; the CLI's last line on exit is trajbus's."""
+    return [line for line in log.splitlines() if not OUR_LINE.match(line) and not line.startswith("trajbus worker: ")]
 
 
 def worker_and_gateway(servers: str, prefix: str, engine: str, tiny_model_dir: Path, port: int, logs: Path,
@@ -91,6 +102,11 @@ def test_worker_gateway_and_trainer_ride_through_a_broker_restart(own_broker, pr
                 load.join(60)  # before the producer closes under it
         assert len(received) == len(set(received)), "a group arrived twice"
         assert worker.alive() and gateway.alive(), "a component did not ride through the restart"
+        log = worker.log_file.read_text()
+        assert not not_ours(log), "lines not trajbus's in the worker's log:\n" + "\n".join(not_ours(log)[:20])
+        assert "rides through a Kafka outage for up to 120s" in log, "the ready line says the outage limit"
+        assert log.count("Kafka outage began") == 1 and log.count("Kafka outage ended") == 1, log
+        assert len(re.findall(r"WARNING trajbus\.worker periodic work .* waits for Kafka", log)) <= 1, log
     finally:
         gateway.stop()
         worker.stop()
@@ -115,6 +131,8 @@ def test_past_the_outage_limit_worker_and_gateway_exit_with_one_line(own_broker,
             assert process.process.returncode != 0
             last = process.log_tail(1)
             assert last.startswith(f"trajbus {name}: Kafka unreachable for") and "--broker-outage-limit 8" in last
+        log = worker.log_file.read_text()
+        assert not not_ours(log), "lines not trajbus's in the worker's log:\n" + "\n".join(not_ours(log)[:20])
     finally:
         gateway.stop()
         worker.stop()

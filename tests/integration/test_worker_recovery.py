@@ -45,6 +45,10 @@ def test_two_workers_on_8_partitions_one_killed(bootstrap_servers, prefix, start
         second = start_worker(n_rollouts=4)
         wait_for(lambda: len(read_snapshots(bootstrap_servers, prefix)) >= 2, 90,
                  "both workers to be assigned and publishing statistics")
+        for worker in (first, second):  # each says it shares the partitions, not silently (issue 36)
+            wait_for(lambda log=worker.log_file: "one of 2 workers of group" in log.read_text(), 30,
+                     f"{worker.log_file.name} to say it is one of 2 workers")
+            assert "is overlapping" not in worker.log_file.read_text(), worker.log_tail()
         third = len(stream) // 3
         for start in range(0, third, 200):
             producer.submit_steps(stream[start:min(start + 200, third)], channel="train")
