@@ -35,6 +35,7 @@ _EXPORTS = {
     "PolicyVersionPublisher": "trajbus.streams.policy",
     "RolloutDataSource": "trajbus.pipelines.data_source",
     "RolloutDataSourceWithBuffer": "trajbus.pipelines.data_source",
+    "SlimeDataSource": "trajbus.pipelines.slime",
     "GlobalDataset": "trajbus.pipelines.global_dataset",
     "GlobalDatasetManager": "trajbus.pipelines.global_dataset",
     "EnvManager": "trajbus.pipelines.env_manager",

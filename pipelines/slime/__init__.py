@@ -1,0 +1,16 @@
+"""trajbus inside slime (THUDM/slime): its data source and its rollout's settling, on the prompt ledger.
+
+In slime's command::
+
+    --data-source-path trajbus.pipelines.slime.SlimeDataSource
+    --rollout-function-path trajbus.pipelines.slime.sglang.generate_rollout
+    --custom-config-path trajbus.yaml     # trajbus_bootstrap_servers: host:9092, ...
+
+``samples_from_group`` turns a group assembled by trajbus's stream worker into slime Samples.
+"""
+
+from trajbus.pipelines.slime.data_source import SlimeDataSource
+from trajbus.pipelines.slime.samples import sample_kind, samples_from_group
+from trajbus.pipelines.slime.settings import SlimeSettings
+
+__all__ = ["SlimeDataSource", "SlimeSettings", "sample_kind", "samples_from_group"]

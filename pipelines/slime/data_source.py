@@ -1,0 +1,173 @@
+"""slime's ``--data-source-path``: ``trajbus.pipelines.slime.SlimeDataSource``, on trajbus's prompt ledger.
+
+slime builds its data source as ``load_function(args.data_source_path)(args)`` (``RolloutManager``)
+and calls ``get_samples``, ``add_samples``, ``save``, ``load`` and ``len()`` on it. This one hands
+out slime's own ``Sample`` (trajbus's, with the same fields, where slime is not installed), keeps
+slime's semantics (``pipelines.data_source``: order, seeded reshuffle per epoch, buffer first through
+``--buffer-filter-path``), and, given a broker (``pipelines.slime.settings``), records every group
+on the prompt ledger before slime sees it. What slime itself loses, it keeps:
+
+- the buffer is on the ledger, so it survives a crash without a checkpoint;
+- with ``--rollout-function-path trajbus.pipelines.slime.sglang.generate_rollout`` each rollout is
+  settled (``pipelines.slime.settle``): surplus over-sampled groups and aborted ones go back to the
+  buffer instead of being lost, filtered ones are recorded with their reason, trained ones with the
+  rollout that trained them;
+- ``load(rollout_id)`` hands out again, first and once, every group trained after that checkpoint
+  (its training is not in the model slime loads) and every group a crashed run left in flight; the
+  cursor goes on after the last group handed out, whatever file was loaded.
+
+Without that rollout function, a checkpoint counts every group handed out before it as consumed (as
+slime's cursor does) and a resume re-issues those handed out after it. With ``trajbus_settled_by:
+worker`` (rollouts through trajbus's gateway) the stream worker records each group instead, as for
+every trajbus data source. Without a broker it is slime's data source, plus the saved buffer.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from typing import Any
+
+from trajbus.pipelines.data_source import RolloutDataSourceWithBuffer
+from trajbus.pipelines.slime.samples import sample_kind
+from trajbus.pipelines.slime.settings import SlimeSettings, source_args
+from trajbus.pipelines.slime.settle import InFlight, Settlement, dynamic_filter, leaves, settle_groups
+from trajbus.streams.ledger import ABANDONED, DROPPED, EMITTED, Dispatch, Outcome
+
+__all__ = ["SlimeDataSource"]
+
+log = logging.getLogger("trajbus.slime")
+
+
+class SlimeDataSource(RolloutDataSourceWithBuffer):
+    """slime's data source (``__init__(args)``, ``get_samples``, ``add_samples``, ``save``, ``load``, ``len``)
+    on trajbus's prompt ledger. Thread-safe: slime's fully-async rollout calls it from its own thread."""
+
+    def __init__(self, args: Any) -> None:
+        self.settings = SlimeSettings.from_args(args)
+        self.slime_args = args
+        self.rollout_id: int | None = None
+        """The rollout being generated (``begin_rollout``): each dispatch is stamped with it as its policy version."""
+        self.in_flight: dict[int, InFlight] = {}
+        """id(group) -> a group handed out since ``begin_rollout`` and not settled."""
+        self._lock = threading.RLock()
+        ledger = self.settings.open_ledger(policy_version=lambda: self.rollout_id)
+        try:
+            super().__init__(source_args(args), ledger=ledger, kind=sample_kind())
+        except BaseException:
+            if ledger is not None:
+                ledger.close()
+            raise
+        self.filter_args = args
+        where = f"ledger {ledger.topic} (settled by {self.settings.settled_by})" if ledger else "no ledger"
+        log.info("trajbus data source: %s, %d prompts, %s, %d groups due again, %d buffered", self.kind.name,
+                 len(self), where, len(self.due), len(self.buffer))
+
+    @property
+    def _settles(self) -> bool:
+        """True when this data source, told by the rollout function, records how each group ended."""
+        return self.settings.settled_by == "rollout"
+
+    def _settle_left_open(self) -> list[Dispatch]:
+        """The groups a crashed run left in flight are lost with it: recorded as abandoned, issued again."""
+        if not self._settles:
+            return super()._settle_left_open()
+        left_open = self.ledger.view.open()
+        if left_open:
+            self.ledger.write([Outcome(d.prompt_uid, DROPPED, ABANDONED) for d in left_open])
+            log.info("trajbus data source: %d groups left in flight by the last run are handed out again",
+                     len(left_open))
+        return self.ledger.view.due_again()
+
+    def _give_up(self, prompt_uids: list[str], why: str) -> None:
+        if not self._settles:
+            return super()._give_up(prompt_uids, why)
+        if prompt_uids:
+            self.ledger.write([Outcome(uid, DROPPED, why) for uid in prompt_uids])
+
+    def get_samples(self, num_samples: int) -> list[list[Any]]:
+        with self._lock:
+            groups = super().get_samples(num_samples)
+            if self.rollout_id is not None and self._settles:
+                for group in groups:
+                    self.in_flight[id(group)] = InFlight(group, copy.deepcopy(group),
+                                                         getattr(group[0], "prompt_uid", None) if group else None)
+            return groups
+
+    def add_samples(self, samples: list[list[Any]]) -> None:
+        """Groups back to the buffer (slime's partial rollout returns its aborted ones here)."""
+        with self._lock:
+            super().add_samples(samples)
+            returned = list(leaves(samples))
+            ids, indices = {id(s) for s in returned}, {s.index for s in returned if s.index is not None}
+            for key, flight in list(self.in_flight.items()):
+                if any(id(s) in ids or s.index in indices for s in flight.group):
+                    del self.in_flight[key]
+
+    def begin_rollout(self, rollout_id: int) -> None:
+        """Groups handed out from now on belong to ``rollout_id`` until ``settle``."""
+        if not self._settles:
+            raise RuntimeError("begin_rollout: with trajbus_settled_by=worker the stream worker records each group")
+        with self._lock:
+            self.rollout_id = rollout_id
+
+    def settle(self, trained: Any) -> Settlement:
+        """End the rollout: ``trained`` is the batch it returned (``RolloutFnTrainOutput.samples``). Every
+        group it took is recorded as trained or filtered, or goes back to the buffer (surplus, aborted).
+        Groups handed out after it, until the next ``begin_rollout``, are not tracked (nor stamped)."""
+        if not self._settles:
+            raise RuntimeError("settle: with trajbus_settled_by=worker the stream worker records each group")
+        with self._lock:
+            settled = settle_groups(list(self.in_flight.values()), trained, self.kind.status,
+                                    dynamic_filter(self.slime_args))
+            self.in_flight.clear()
+            rollout_id, self.rollout_id = self.rollout_id, None
+            if self.ledger is not None:
+                records = [Outcome(f.prompt_uid, EMITTED) for f in settled.trained if f.prompt_uid]
+                records += [Outcome(f.prompt_uid, DROPPED, why) for f, why in settled.filtered if f.prompt_uid]
+                if records:
+                    self.ledger.write(records)
+            back = [f.group for f in settled.surplus] + [f.pristine for f in settled.aborted]
+            if back:
+                self.add_samples(back)
+            log.info("trajbus data source: rollout %s settled: %s", rollout_id, settled.summary())
+            return settled
+
+    def save(self, rollout_id: int) -> Any:
+        """The saved state of ``rollout_id``. On a ledger, groups handed out and never settled (no settling
+        rollout function) are recorded as consumed before this checkpoint, as slime's cursor counts them."""
+        with self._lock:
+            if self.ledger is not None and self._settles:
+                tracked = {f.prompt_uid for f in self.in_flight.values()}
+                consumed = [Outcome(d.prompt_uid, EMITTED) for d in self.ledger.view.open()
+                            if d.prompt_uid not in tracked]
+                if consumed:
+                    self.ledger.write(consumed)
+            return super().save(rollout_id)
+
+    def load(self, rollout_id: int | None = None) -> bool:
+        """The state saved for ``rollout_id`` (slime calls ``load(start_rollout_id - 1)``); on a ledger, the
+        groups trained after that rollout are handed out again first, once."""
+        with self._lock:
+            loaded = super().load(rollout_id)
+            if self.ledger is not None and self._settles and rollout_id is not None:
+                self._hand_out_again_after(rollout_id)
+            return loaded
+
+    def _hand_out_again_after(self, rollout_id: int) -> None:
+        """Groups trained in a rollout after ``rollout_id``: the model slime loads never learnt from them."""
+        view = self.ledger.view
+        due = {d.prompt_uid for d in self.due}
+        lost = [d for uid, d in view.dispatched.items()
+                if d.policy_version is not None and d.policy_version > rollout_id and uid not in due
+                and uid not in view.reissued and getattr(view.outcomes.get(uid), "outcome", None) == EMITTED]
+        if lost:
+            order = {uid: position for position, uid in enumerate(view.dispatched)}
+            self.due = sorted([*self.due, *lost], key=lambda d: order[d.prompt_uid])
+            log.info("trajbus data source: %d groups trained after rollout %d (not in its checkpoint) are handed "
+                     "out again first", len(lost), rollout_id)
+
+    def close(self) -> None:
+        if self.ledger is not None:
+            self.ledger.close()
