@@ -63,6 +63,8 @@ class Backend:
     failures: int = 0
     last_error: str | None = None
     checked_at: float = 0.0
+    seen_healthy: bool = False
+    """Whether a health check ever passed: a backend not yet up at start is waited for, not "taken out"."""
 
     def describe(self) -> dict[str, Any]:
         return {"address": self.address, "healthy": self.healthy, "in_flight": self.in_flight,
@@ -161,9 +163,12 @@ class BackendPool:
                 self.model = await self._model_name(backend)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             ok, backend.last_error = False, f"{type(exc).__name__}: {exc}"
-        if ok != backend.healthy:
+        if ok and not backend.seen_healthy:  # a backend first seen healthy is not "back"
+            log.info("backend ready address=%s model=%s", backend.address, self.model)
+        elif ok != backend.healthy:
             log.warning("backend %s address=%s", "back in" if ok else "taken out", backend.address)
         backend.healthy, backend.checked_at = ok, time.time()
+        backend.seen_healthy = backend.seen_healthy or ok
         return ok
 
     async def _model_name(self, backend: Backend) -> str | None:

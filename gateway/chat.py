@@ -32,13 +32,14 @@ import uuid
 from typing import Any, AsyncIterator
 
 import orjson
-from fastapi.responses import ORJSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from trajbus.gateway import tool_calls
 from trajbus.gateway.backends import BackendError, Completion, NoBackendAvailable
 from trajbus.gateway.conversation import Prompt
 from trajbus.gateway.errors import RETRY_SECONDS, GatewayError, bad_request, conflict, unavailable
 from trajbus.gateway.generation import Generation, Sampled
+from trajbus.gateway.responses import OrjsonResponse
 from trajbus.gateway.schemas import ChatCompletionRequest
 from trajbus.gateway.service import GatewayService
 from trajbus.gateway.trajectories import Trajectory
@@ -181,7 +182,7 @@ class _Call:
         return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": generated,
                 "total_tokens": len(self.prompt_ids) + generated}
 
-    async def complete(self) -> ORJSONResponse:
+    async def complete(self) -> OrjsonResponse:
         try:
             await self.generation.start()
             await self.generation.run()
@@ -195,7 +196,7 @@ class _Call:
         choices = [{"index": c.index, "message": self._message(p), "logprobs": None,
                     "finish_reason": "tool_calls" if p.tool_calls else c.finish_reason}
                    for c, p in zip(completions, parsed)]
-        return ORJSONResponse({"id": self.id, "object": "chat.completion", "created": self.created,
+        return OrjsonResponse({"id": self.id, "object": "chat.completion", "created": self.created,
                              "model": self.model, "choices": choices, "usage": self._usage(completions)})
 
     def _chunk(self, index: int, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:

@@ -101,3 +101,44 @@ def test_white_box_trajectories_remember_their_backend_within_a_bound(pool):
     assert [pool.remembered(t) for t in ("t1", "t2", "t3")] == [C, None, A]
     pool.remember(None, A)
     assert pool.remembered(None) is None
+
+
+def test_a_backend_first_seen_healthy_is_ready_not_back_in(caplog):
+    """Start-up is quiet: a backend up at start is announced once (INFO, with its model); only one that
+    was healthy, then taken out, comes "back in" (a WARNING, as its going out was)."""
+    from aiohttp import ClientSession, web
+
+    async def run() -> list[tuple[str, str]]:
+        health = {"status": 200}
+
+        async def check(_request: web.Request) -> web.Response:
+            return web.Response(status=health["status"])
+
+        async def models(_request: web.Request) -> web.Response:
+            return web.json_response({"data": [{"id": "tiny"}]})
+
+        app = web.Application()
+        app.router.add_get("/health", check)
+        app.router.add_get("/v1/models", models)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        address = "http://127.0.0.1:%d" % runner.addresses[0][1]
+        pool = BackendPool([address])
+        pool.session = ClientSession()
+        backend = pool.backends[address]
+        try:
+            for status in (200, 200, 503, 200):
+                health["status"] = status
+                await pool.check(backend)
+        finally:
+            await pool.close()
+            await runner.cleanup()
+        return [(r.levelname, r.getMessage().replace(address, "ADDRESS")) for r in caplog.records
+                if r.name == "trajbus.gateway"]
+
+    with caplog.at_level("INFO", logger="trajbus.gateway"):
+        lines = asyncio.run(run())
+    assert lines == [("INFO", "backend ready address=ADDRESS model=tiny"),
+                     ("WARNING", "backend taken out address=ADDRESS"),
+                     ("WARNING", "backend back in address=ADDRESS")]
