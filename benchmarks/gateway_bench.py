@@ -123,7 +123,8 @@ def calls(engine: str, urls: list[str], turns: list[list[dict]], prompts: list[l
 async def open_trajectories(client: aiohttp.ClientSession, gateways: list[str], count: int) -> list[str]:
     """``count`` new trajectories' black-box base URLs, opened round robin at the gateways given (before a
     phase, so not measured)."""
-    return [orjson.loads(await post(client, f"{gateways[i % len(gateways)]}/init_trajectory", b"{}"))["base_url"]
+    return [orjson.loads(await post(client, f"{gateways[i % len(gateways)]}/init_trajectory",
+                                    orjson.dumps({"prompt_uid": uuid.uuid4().hex, "n_rollouts": 1})))["base_url"]
             for i in range(count)]
 
 

@@ -74,7 +74,8 @@ class Agents:
     async def _agent(self, client: aiohttp.ClientSession, index: int) -> None:
         messages = [{"role": "user", "content": f"Agent {index}: fix the parser."}]
         while not self._stop.is_set():
-            async with client.post(f"{self.gateway}/init_trajectory", json={"n_rollouts": 1}) as response:
+            async with client.post(f"{self.gateway}/init_trajectory",
+                                   json={"prompt_uid": uuid.uuid4().hex, "n_rollouts": 1}) as response:
                 base_url = (await response.json())["base_url"]
             async with client.post(f"{base_url}/chat/completions", params={"wait": "120"},
                                    json={"model": "bench", "messages": messages}) as response:
@@ -203,7 +204,8 @@ async def _calls(gateway: str, count: int, concurrency: int) -> None:
     async with aiohttp.ClientSession() as client:
         async def one() -> None:
             async with limit:
-                async with client.post(f"{gateway}/init_trajectory", json={}) as response:
+                async with client.post(f"{gateway}/init_trajectory", json={"prompt_uid": uuid.uuid4().hex,
+                                                                            "n_rollouts": 1}) as response:
                     base_url = (await response.json())["base_url"]
                 async with client.post(f"{base_url}/chat/completions",
                                        json={"messages": [{"role": "user", "content": "Hi."}]}) as response:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from trajbus.gateway.admission import SETTINGS as ADMISSION_SETTINGS
 from trajbus.gateway.admission import AdmissionRules
+from trajbus.gateway.channels import REFRESH_SECONDS
 from trajbus.gateway.conversation import CUMULATIVE, MULTI_TURN_MODES
 from trajbus.infra.arguments import positive_float, positive_int
 from trajbus.infra.declared import add_flags, missing_flags, resolve, setting
@@ -51,6 +52,14 @@ def _channel(text: str) -> str:
         return validate_channel(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _channel_list(text: str) -> tuple[str, ...]:
+    """``--channels``: comma-separated channel names, at least one."""
+    channels = tuple(dict.fromkeys(_channel(c.strip()) for c in text.split(",") if c.strip()))
+    if not channels:
+        raise argparse.ArgumentTypeError("expected at least one channel name")
+    return channels
 
 
 def _channel_admission(text: str) -> tuple[str, str, int | None]:
@@ -92,6 +101,12 @@ class GatewaySettings:
     prefix: str = setting(DEFAULT_PREFIX, help="topic name prefix")
     default_channel: str = setting("train", flag="--channel", parse=_channel,
                                    help="channel of trajectories that name none")
+    channels: tuple[str, ...] | None = setting(
+        None, parse=_channel_list,
+        help="comma-separated channels calls may name, provisioned at start with the default channel; off: the "
+             "channels whose steps topic exists under --prefix (made by `trajbus topics --create --channels` or a "
+             f"worker), read again when a call names another (at most every {REFRESH_SECONDS:g} s); a call naming "
+             "a channel that is neither is answered 400 unknown_channel")
     reward_function: str | None = setting(None, help="dotted path of f(trajectory: dict) -> float")
     reward_worker_name: str | None = setting(None, help="named Ray actor with compute_reward(trajectory: dict)")
     ray_address: str | None = setting(None, help="Ray cluster of the reward worker (off: auto)")

@@ -15,18 +15,23 @@ import threading
 import time
 from typing import Any, Callable
 
+from trajbus.gateway.channels import KnownChannels
 from trajbus.gateway.config import GatewaySettings
 from trajbus.gateway.errors import GatewayError, from_value_error, unavailable
 from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
+from trajbus.infra.clients import cluster_metadata
 from trajbus.infra.kafka_config import authentication_failure, connection_properties, explain, redacted
 from trajbus.infra.outage import OutageWatch
+from trajbus.infra.topics import admin_client
 from trajbus.streams.policy import PolicyWatcher
 from trajbus.streams.producer import DeliveryError, StepProducer, TopicsUnavailable
 from trajbus.streams.records import Step
 
 log = logging.getLogger("trajbus.gateway")
 
+TOPICS_LIST_TIMEOUT = 5.0
+"""Seconds the broker has to list its topics when a call names a channel not known yet."""
 STEPS_NOT_ACKNOWLEDGED = "a retry is a new step; the unacknowledged one is never part of the trajectory"
 END_NOT_ACKNOWLEDGED = "retry complete_trajectory (the same end is sent again); the trajectory takes no more calls"
 
@@ -39,7 +44,7 @@ def kafka_failure(exc: DeliveryError, consequence: str) -> GatewayError:
 
 
 class KafkaLink:
-    """Connects, publishes acknowledged records, and knows the policy versions of each channel."""
+    """Connects, publishes acknowledged records, and knows the channels there are and their policy versions."""
 
     def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics,
                  on_connected: Callable[[str], None], give_up: Callable[[str], None]) -> None:
@@ -50,24 +55,29 @@ class KafkaLink:
         self.outage: OutageWatch | None = None
         self.bootstrap_servers: str | None = None
         self.error: str | None = "connecting to Kafka"
+        self.channels = KnownChannels(settings.prefix, settings.default_channel, settings.channels)
         self._stop = threading.Event()
 
     def start(self) -> None:
         threading.Thread(target=self._connect, name="kafka-connect", daemon=True).start()
 
     def _connect(self) -> None:
-        """Resolve the broker, provision the default channel, follow the policy topic; retry until done."""
+        """Resolve the broker, provision the default (and declared) channels, read the channels there are,
+        follow the policy topic; retry until done."""
         while not self._stop.is_set():
             servers, producer = None, None
             try:
                 servers = resolve_bootstrap_servers(self.settings.bootstrap_servers)
                 producer = StepProducer(servers, prefix=self.settings.prefix, timeout=self.settings.publish_timeout)
-                producer.provision(self.settings.default_channel)
+                for channel in self.channels.provisioned_at_start:
+                    producer.provision(channel)
+                admin = admin_client(servers)
+                self.channels.connect(lambda: cluster_metadata(admin, TOPICS_LIST_TIMEOUT).topics)
                 self.policy = PolicyWatcher(servers, prefix=self.settings.prefix)
                 self._on_connected(servers)
                 self.producer, self.error, self.bootstrap_servers = producer, None, servers
-                log.info("kafka producer ready bootstrap=%s prefix=%s connection=%s", servers, self.settings.prefix,
-                         redacted(connection_properties()))
+                log.info("kafka producer ready bootstrap=%s prefix=%s channels=%s connection=%s", servers,
+                         self.settings.prefix, ",".join(self.channels.known()), redacted(connection_properties()))
                 self.outage = OutageWatch(servers, self.settings.broker_outage_limit, self._give_up,
                                           what="gateway (calls are answered 503)").start()
                 return

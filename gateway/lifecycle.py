@@ -12,11 +12,10 @@ import asyncio
 import dataclasses
 import logging
 import secrets
-import uuid
 import weakref
 from typing import Any
 
-from trajbus.gateway.errors import bad_request, conflict, from_value_error, not_found
+from trajbus.gateway.errors import GatewayError, bad_request, conflict, from_value_error, not_found
 from trajbus.gateway.kafka_link import END_NOT_ACKNOWLEDGED, KafkaLink, kafka_failure
 from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.gateway.pacing import Pacing
@@ -25,9 +24,18 @@ from trajbus.gateway.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory
 from trajbus.gateway.updates import UpdateGate
 from trajbus.streams.producer import DeliveryError, TopicsUnavailable
 from trajbus.streams.records import validate_metadata
-from trajbus.streams.topics import validate_channel
 
 log = logging.getLogger("trajbus.gateway")
+
+
+PROMPT_UID_REQUIRED = ("prompt_uid: required: the id of the prompt this rollout answers. The rollouts of one prompt "
+                       "share it: the worker groups them by it (GRPO compares their rewards), so a trajectory without "
+                       "it would be a group of its own that never fills")
+
+
+def missing_prompt_uid() -> GatewayError:
+    """400 for a trajectory started without its prompt's id (``init_trajectory``, a white-box admission)."""
+    return bad_request(PROMPT_UID_REQUIRED, param="prompt_uid", code="missing_prompt_uid")
 
 
 def checked_metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
@@ -58,11 +66,10 @@ class TrajectoryLifecycle:
         self.rewards, self.metrics, self.updates = rewards, metrics, updates
         self._publishing: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
-    def channel(self, channel: str | None) -> str:
-        try:
-            return validate_channel(channel or self.default_channel)
-        except ValueError as exc:
-            raise bad_request(str(exc), param="channel") from None
+    async def channel(self, channel: str | None) -> str:
+        """The channel a call names (None: the default), if a worker can serve it; else 400 (see
+        ``gateway.channels``)."""
+        return await self.kafka.channels.check(channel)
 
     def publishing(self, trajectory_uid: str) -> asyncio.Lock:
         """One trajectory's calls publish one at a time (each sees the context the previous one left)."""
@@ -84,9 +91,10 @@ class TrajectoryLifecycle:
 
     async def init(self, prompt_uid: str | None, channel: str | None, n_rollouts: int | None,
                    metadata: dict[str, Any] | None, policy_version: int | None, wait: float = 0.0) -> Trajectory:
+        if not prompt_uid:
+            raise missing_prompt_uid()
         trajectory = Trajectory(trajectory_uid=secrets.token_urlsafe(18),  # 144 random bits: unguessable
-                                prompt_uid=prompt_uid or uuid.uuid4().hex,
-                                channel=self.channel(channel), n_rollouts=n_rollouts,
+                                prompt_uid=prompt_uid, channel=await self.channel(channel), n_rollouts=n_rollouts,
                                 metadata=checked_metadata(metadata), policy_version=policy_version)
         await self.pacing.admit(trajectory.trajectory_uid, trajectory.channel, trajectory.prompt_uid,
                                 policy_version, wait)
@@ -111,7 +119,7 @@ class TrajectoryLifecycle:
         if channel is not None and channel != trajectory.channel:
             if trajectory.next_step:
                 raise conflict("channel cannot change after the trajectory's first call")
-            changes["channel"] = self.channel(channel)
+            changes["channel"] = await self.channel(channel)
         if n_rollouts is not None:
             changes["n_rollouts"] = n_rollouts
         if metadata:

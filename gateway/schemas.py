@@ -157,7 +157,8 @@ class GenerateRequest(SamplingFields):
     trajectory_uid: str | None = Field(None, min_length=1, description="keeps calls of one trajectory on one backend; "
                                                          "its first call is admitted when pacing is on")
     prompt_uid: str | None = Field(None, min_length=1, max_length=256,
-                                   description="the trajectory's prompt group (for admission)")
+                                   description="the trajectory's prompt group; required with a trajectory_uid "
+                                               "when pacing admits it (its first call)")
     channel: Channel | None = None
     policy_version: PolicyVersion | None = Field(None, description="the version the trajectory starts at "
                                                                    "(for admission)")
@@ -255,7 +256,11 @@ class TrajectoryOptions(BaseModel):
 
 
 class InitTrajectoryRequest(TrajectoryOptions):
-    prompt_uid: str | None = Field(None, min_length=1, max_length=256)
+    # Required (the schema says so), checked by the route so that its 400 says why (lifecycle.PROMPT_UID_REQUIRED).
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"required": ["prompt_uid"]})
+    prompt_uid: str | None = Field(None, min_length=1, max_length=256,
+                                   description="the id of the prompt this rollout answers: the rollouts of one "
+                                               "prompt share it, and the worker groups them by it")
 
 
 class RegisterTrajectoryRequest(TrajectoryOptions):

@@ -14,6 +14,7 @@ from trajbus.gateway.backends import BackendError, NoBackendAvailable
 from trajbus.gateway.chat import backend_failure, check_prompt_length
 from trajbus.gateway.errors import bad_request, from_validation_error
 from trajbus.gateway.generation import Generation
+from trajbus.gateway.lifecycle import missing_prompt_uid
 from trajbus.gateway.schemas import (CHANNEL_PATTERN, GenerateRequest, RewardRequest, SubmitStepsRequest,
                                      step_from_json, submit_steps_schema)
 from trajbus.gateway.service import GatewayService
@@ -71,7 +72,9 @@ def whitebox_router(service: GatewayService, admin: list) -> APIRouter:
         check_prompt_length(body.prompt_ids, settings.prompt_length, what="prompt_ids")
         uid = body.trajectory_uid
         if uid is not None and not pacing.admitted(uid) and not body.step_index:
-            await pacing.admit(uid, lifecycle.channel(body.channel), body.prompt_uid or uid, body.policy_version,
+            if pacing.active and body.prompt_uid is None:  # admission counts groups in flight by it
+                raise missing_prompt_uid()
+            await pacing.admit(uid, await lifecycle.channel(body.channel), body.prompt_uid, body.policy_version,
                                wait)
         elif uid is not None:
             pacing.touch(uid)
@@ -100,6 +103,7 @@ def whitebox_router(service: GatewayService, admin: list) -> APIRouter:
     async def submit_steps(request: Request, channel: str = Query(settings.default_channel, pattern=CHANNEL_PATTERN)
                            ) -> dict[str, Any]:
         steps, n_rollouts = submitted_steps(await json_body(request))
+        channel = await lifecycle.channel(channel)
         count = await service.kafka.publish(steps, channel, "submit_steps", n_rollouts)
         for step in steps:
             if step.is_last:  # a white-box trajectory is finished: it leaves the backlog's in-flight count

@@ -150,6 +150,8 @@ def test_a_white_box_trajectory_is_admitted_at_its_first_generate(
 
     first = generate("a", 0)
     assert first.status_code == 200, first.text
+    unnamed = httpx.post(f"{gateway}/generate", timeout=90, json={"prompt_ids": [1], "trajectory_uid": "z"})
+    assert unnamed.status_code == 400 and unnamed.json()["error"]["code"] == "missing_prompt_uid", unnamed.text
     assert_refused(generate("b", 0), BACKLOG_FULL)
     under_way = generate("b", 1)  # a trajectory past its first call (e.g. before a gateway restart): never held
     assert under_way.status_code == 200, under_way.text

@@ -13,10 +13,11 @@ from transformers import AutoTokenizer
 
 from trajbus.consumers import BatchConsumer
 from trajbus.infra.tiny_model import WEATHER_TOOL
+from trajbus.infra.topics import describe_topics, ensure_topics
 from trajbus.streams.policy import PolicyVersionPublisher
 from trajbus.streams.producer import StepProducer
 from trajbus.streams.records import Step, TrajectoryEnd
-from trajbus.streams.topics import steps_topic
+from trajbus.streams.topics import TopicSettings, steps_topic
 from tests.helpers import decode_step_events, end_offsets, fetch_groups, read_topic, wait_for
 
 REWARD_FN = "tests.gateway_rewards:exact_match"
@@ -49,11 +50,11 @@ def test_plain_streaming_and_tool_calls_are_captured_token_exactly(
         producer.provision("train")
     with PolicyVersionPublisher(bootstrap_servers, prefix=prefix) as publisher:
         publisher.publish(3)
-    gateway, _ = start_gateway([inference_server])
+    gateway, process = start_gateway([inference_server])
     wait_for(lambda: httpx.get(f"{gateway}/statistics").json()["policy_versions"].get("global") == 3, 30,
              "the gateway to see policy version 3")
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    t = init(gateway, n_rollouts=1, metadata={"task": "weather"})
+    t = init(gateway, prompt_uid="weather-0", n_rollouts=1, metadata={"task": "weather"})
     assert t["base_url"] == f"{gateway}/{t['trajectory_uid']}/{t['prompt_uid']}/v1"
     agent = client(t["base_url"])
 
@@ -119,6 +120,12 @@ def test_plain_streaming_and_tool_calls_are_captured_token_exactly(
     assert [s.step_index for s in group.steps] == [0, 1, 2]
     assert [s.reward for s in group.steps] == [0.0, 0.0, 0.75] and group.steps[-1].is_last
 
+    # Start-up and first calls are quiet: a line per part saying it is ready, no warning (a backend up at
+    # start is "ready", not "back in"; no framework deprecation warning on the first answers).
+    log = process.log_file.read_text()
+    assert f"backend ready address=http://{inference_server}" in log and "kafka producer ready" in log
+    assert [line for line in log.splitlines() if " WARNING " in line or "Warning" in line] == [], log
+
 
 def test_reward_function_scores_black_box_trajectories_and_white_box_calls(
         bootstrap_servers, prefix, inference_server, start_gateway, start_worker):
@@ -156,7 +163,7 @@ def test_reward_worker_is_a_named_ray_actor(prefix, inference_server, start_gate
     scored = httpx.post(f"{gateway}/compute_reward", json={"response_text": "7", "metadata": {"answer": "7"}},
                         timeout=120)
     assert scored.status_code == 200 and scored.json() == {"reward": 1.0}, scored.text
-    t = init(gateway, metadata={"answer": "no such answer"})
+    t = init(gateway, prompt_uid="ray-scored", metadata={"answer": "no such answer"})
     client(t["base_url"]).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
                                                   max_tokens=8)
     done = httpx.post(f"{t['base_url']}/complete_trajectory", timeout=120)
@@ -197,7 +204,7 @@ def test_bad_input_is_refused_with_openai_errors_and_nothing_is_published(
         bootstrap_servers, prefix, inference_server, start_gateway):
     gateway, _ = start_gateway([inference_server], ["--api-key", "sesame", "--max-body-bytes", "100000"])
     auth = {"Authorization": "Bearer sesame"}
-    t = init(gateway, headers=auth)
+    t = init(gateway, headers=auth, prompt_uid="bad-input")
     chat = f"{t['base_url']}/chat/completions"
     ok_messages = [{"role": "user", "content": "Hi"}]
     cases = [
@@ -233,8 +240,27 @@ def test_bad_input_is_refused_with_openai_errors_and_nothing_is_published(
     wrong_prompt = f"{gateway}/{t['trajectory_uid']}/other/v1/chat/completions"
     assert httpx.post(wrong_prompt, json={"messages": ok_messages}).status_code == 404
     assert httpx.post(f"{gateway}/init_trajectory", json={}).status_code == 401
-    assert httpx.post(f"{gateway}/init_trajectory", headers=auth, json={"channel": "No Way"}).status_code == 400
-    assert httpx.post(f"{gateway}/init_trajectory", headers=auth, json={"n_rollouts": 0}).status_code == 400
+    assert httpx.post(f"{gateway}/init_trajectory", headers=auth,
+                      json={"prompt_uid": "p", "channel": "No Way"}).json()["error"]["param"] == "channel"
+    assert httpx.post(f"{gateway}/init_trajectory", headers=auth,
+                      json={"prompt_uid": "p", "n_rollouts": 0}).json()["error"]["param"] == "n_rollouts"
+    for body in ({}, {"n_rollouts": 2, "prompt_uid": None}, None):  # the rollouts of one prompt share its id
+        missing = httpx.post(f"{gateway}/init_trajectory", headers=auth, json=body)
+        assert missing.status_code == 400 and missing.json()["error"]["param"] == "prompt_uid", missing.text
+        assert missing.json()["error"]["code"] == "missing_prompt_uid" and "groups them" in missing.text
+
+    # A misspelled channel: no worker reads it, so it is refused, and no topic is created for it.
+    step = {"prompt_ids": [1], "response_ids": [2], "trajectory_uid": "t", "prompt_uid": "p", "is_last": True}
+    for typo in (httpx.post(f"{gateway}/init_trajectory", headers=auth, json={"prompt_uid": "p", "channel": "trian"}),
+                 httpx.post(f"{gateway}/submit_steps?channel=trian", headers=auth, json=[step])):
+        error = typo.json()["error"]
+        assert typo.status_code == 400 and (error["code"], error["param"]) == ("unknown_channel", "channel"), error
+        assert "known channels: train" in error["message"], error
+        assert "trajbus topics --create --channels trian" in error["message"], error
+    assert [info.name for info in describe_topics(bootstrap_servers, prefix=prefix) if "trian" in info.name] == []
+    # Created explicitly (what `trajbus topics --create --channels trian` does), it is taken at once.
+    ensure_topics(bootstrap_servers, TopicSettings(prefix=prefix).channel_specs("trian"))
+    assert init(gateway, headers=auth, prompt_uid="p", channel="trian")["channel"] == "trian"
     assert httpx.post(f"{t['base_url']}/complete_trajectory", json={"reward": 1}).json()["error"]["code"] == \
         "empty_trajectory"
 
@@ -282,7 +308,7 @@ def test_two_backends_one_stopped_mid_run_every_request_succeeds(
 def test_calls_of_a_trajectory_stay_on_one_backend(prefix, start_inference_server, inference_server, start_gateway):
     other, _ = start_inference_server()
     gateway, _ = start_gateway([inference_server, other])
-    t = init(gateway)
+    t = init(gateway, prompt_uid="sticky")
     agent = client(t["base_url"])
     for turn in range(4):
         agent.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"What is {turn} + 1?"}],

@@ -80,8 +80,8 @@ def test_sigterm_drains_calls_in_flight_and_exits_zero(
     gateway, process = start_gateway([engine], ["--drain-delay", str(DRAIN_DELAY),
                                                 "--drain-timeout", str(DRAIN_TIMEOUT)])
     address = (urlsplit(gateway).hostname, urlsplit(gateway).port)
-    trajectories = [httpx.post(f"{gateway}/init_trajectory", json={"n_rollouts": 1}).json()
-                    for _ in range(AGENTS + 1)]
+    trajectories = [httpx.post(f"{gateway}/init_trajectory", json={"prompt_uid": f"p{k}", "n_rollouts": 1}).json()
+                    for k in range(AGENTS + 1)]
     late = trajectories.pop()
     outcomes: list[Outcome] = []
     agents = [threading.Thread(target=agent, args=(t["base_url"], t["trajectory_uid"], outcomes))

@@ -22,9 +22,10 @@ from transformers import AutoTokenizer
 from trajbus.consumers import BatchConsumer
 from trajbus.consumers.backends import VerlBackend
 from trajbus.gateway.errors import RETRY_SECONDS
+from trajbus.infra.topics import ensure_topics
 from trajbus.pipelines.processes import free_port, gateway_process, wait_http, worker_process
 from trajbus.streams.records import CONTINUES, Step, TrajectoryEnd
-from trajbus.streams.topics import steps_topic
+from trajbus.streams.topics import TopicSettings, steps_topic
 from tests.helpers import decode_step_events, fetch_groups, read_to_end, wait_for
 
 PUBLISH_TIMEOUT = "3"
@@ -46,7 +47,8 @@ def complete(trajectory: dict) -> httpx.Response:
 
 def once_kafka_is_back(send: Callable[[], httpx.Response]) -> httpx.Response:
     """What an agent does with a 503 ``kafka_unavailable`` (nothing was sent): retry after Retry-After
-    (a new channel's topics may take longer to create than the first retry, on a broker just resumed)."""
+    (the gateway's first provisioning of a channel may take longer than the first retry, on a broker just
+    resumed)."""
     def attempt() -> httpx.Response | None:
         response = send()
         unavailable = response.status_code == 503 and response.json()["error"]["code"] == "kafka_unavailable"
@@ -93,6 +95,7 @@ def test_a_paused_broker_never_puts_a_reply_the_agent_did_not_get_into_its_traje
     servers = broker.bootstrap_servers
     replies = ["One.", "Two, never seen.", "Three, given up on.", "Four."]
     engine, _ = scripted_engine(replies)
+    ensure_topics(servers, TopicSettings(prefix=prefix).channel_specs("fresh"))  # a channel is created explicitly
     port = free_port()
     gateway = gateway_process(servers, prefix, [engine], tiny_model_dir, port, tmp_path / "state",
                               tmp_path / "gateway.log", ["--publish-timeout", PUBLISH_TIMEOUT]).start()

@@ -69,7 +69,7 @@ class Tally:
 
 def live_trajectory(gateway: str) -> dict[str, str]:
     """A trajectory with one step published, so that completing it can succeed: its path parameters."""
-    t = init(gateway)
+    t = init(gateway, prompt_uid="live")
     reply = httpx.post(f"{t['base_url']}/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]},
                        timeout=30)
     assert reply.status_code == 200, reply.text
@@ -149,7 +149,7 @@ def test_integers_past_their_width_are_refused_with_openai_errors(start_gateway,
     """The three inputs found by hand (500 text/plain before), and their kin on every route that
     stores or publishes an integer: a 400 naming the field, and the gateway serves on."""
     gateway = start(start_gateway, scripted_engine)
-    t = init(gateway)
+    t = init(gateway, prompt_uid="wide")
     register, chat = f"{t['base_url']}/register_trajectory", f"{t['base_url']}/chat/completions"
     cases = [(f"{gateway}{path}", body, param) for path, body, param in BEYOND_64_BITS] + [
         (register, {"n_rollouts": 10**21}, "n_rollouts"),
@@ -167,11 +167,11 @@ def test_integers_past_their_width_are_refused_with_openai_errors(start_gateway,
         response = httpx.post(f"{gateway}/submit_steps", content=content, timeout=30,
                               headers={**AUTH, "content-type": "application/json"})
         assert response.status_code == 400 and openai_error(response) is None, (content, response.text)
-    for body in ({"prompt_uid": "\ud800"}, {"metadata": {"k": "\udfff"}}):  # lone surrogates: not UTF-8
+    for body in ({"prompt_uid": "\ud800"}, {"prompt_uid": "p", "metadata": {"k": "\udfff"}}):  # lone surrogates
         response = httpx.post(f"{gateway}/init_trajectory", content=json.dumps(body), timeout=30,
                               headers={**AUTH, "content-type": "application/json"})
         assert response.status_code == 400 and not openai_error(response), (body, response.text)
     assert httpx.post(register, json={"n_rollouts": 4, "policy_version": -(2**63)}, timeout=30).status_code == 200
     reply = httpx.post(chat, json={"messages": [{"role": "user", "content": "Hi"}]}, timeout=30)
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == "4", reply.text
-    assert init(gateway, n_rollouts=2**32 - 1, policy_version=2**63 - 1)["trajectory_uid"]
+    assert init(gateway, prompt_uid="widest", n_rollouts=2**32 - 1, policy_version=2**63 - 1)["trajectory_uid"]

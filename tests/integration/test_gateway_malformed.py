@@ -58,7 +58,7 @@ def test_malformed_http_gets_an_openai_error_and_the_gateway_keeps_serving(
     engine, _ = scripted_engine(["Four."])
     gateway, process = start_gateway([engine])
     address = (urlsplit(gateway).hostname, urlsplit(gateway).port)
-    t = httpx.post(f"{gateway}/init_trajectory", json={"n_rollouts": 1}).json()
+    t = httpx.post(f"{gateway}/init_trajectory", json={"prompt_uid": "malformed", "n_rollouts": 1}).json()
     chat_path = urlsplit(t["base_url"]).path.encode() + b"/chat/completions"
 
     for what, raw in MALFORMED.items():

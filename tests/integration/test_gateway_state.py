@@ -10,7 +10,8 @@ from tests.helpers import wait_for
 def test_idle_and_finished_trajectories_leave_the_state(scripted_engine, start_gateway):
     engine, _ = scripted_engine(["Four."])
     gateway, _ = start_gateway([engine], ["--idle-timeout", "3", "--finished-retention", "4"])
-    trajectories = [httpx.post(f"{gateway}/init_trajectory", json={"n_rollouts": 1}).json() for _ in range(6)]
+    trajectories = [httpx.post(f"{gateway}/init_trajectory", json={"prompt_uid": f"p{k}", "n_rollouts": 1}).json()
+                    for k in range(6)]
     for t in trajectories:
         reply = httpx.post(f"{t['base_url']}/chat/completions", timeout=60,
                            json={"model": "tiny", "messages": [{"role": "user", "content": "2+2?"}]})

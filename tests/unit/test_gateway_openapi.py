@@ -41,6 +41,13 @@ def test_integers_are_bounded_by_their_width_in_storage_and_on_the_wire(schema):
     assert models["GenerateRequest"]["properties"]["prompt_ids"]["maxItems"] == 512  # --prompt-length
 
 
+def test_init_trajectory_requires_the_prompt_uid(schema):
+    """The rollouts of one prompt share it: the schema says it is required (the route says why, in its 400)."""
+    init = schema["components"]["schemas"]["InitTrajectoryRequest"]
+    assert init["required"] == ["prompt_uid"]
+    assert "rollouts of one prompt" in init["properties"]["prompt_uid"]["description"]
+
+
 def test_submit_steps_declares_the_step_record(schema):
     operation = schema["paths"]["/submit_steps"]["post"]
     wrapped, bare = operation["requestBody"]["content"]["application/json"]["schema"]["anyOf"]
@@ -69,5 +76,5 @@ def test_a_step_in_json_may_write_integers_as_integral_numbers():
     with pytest.raises(ValueError, match=r"prompt_ids\[0\]"):
         step_from_json({"prompt_ids": [1.5], "response_ids": [], "trajectory_uid": "t", "prompt_uid": "p"})
     with pytest.raises(ValueError, match="created_at"):  # the record's timestamp: int64 milliseconds
-        step_from_json({"prompt_ids": [1], "response_ids": [], "trajectory_uid": "t", "prompt_uid": "p",
+        step_from_json({"prompt_ids": [1], "response_ids": [2], "trajectory_uid": "t", "prompt_uid": "p",
                         "created_at": 1.6e133})

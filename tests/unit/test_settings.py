@@ -126,17 +126,18 @@ def parser():
 def test_gateway_flags_become_settings(tmp_path):
     args = parser().parse_args(["--vllm-addresses", "h:1,h:2", "--tokenizer-path", "tok",
                                 "--prompt-length", "100", "--channel", "val", "--state-dir", str(tmp_path),
-                                "--public-url", "https://gw.example/"])
+                                "--public-url", "https://gw.example/", "--channels", "train, val,train"])
     settings = settings_from_args(args)
     assert isinstance(settings, GatewaySettings)
     assert settings.vllm_addresses == ["http://h:1", "http://h:2"]
     assert (settings.prompt_length, settings.default_channel, settings.state_dir) == (100, "val", tmp_path)
-    assert settings.base_address == "https://gw.example"
+    assert settings.base_address == "https://gw.example" and settings.channels == ("train", "val")
     assert GatewaySettings(["x"], "tok", host="0.0.0.0", port=9).base_address == "http://0.0.0.0:9"
 
 
 @pytest.mark.parametrize("flag, value", [("--prompt-length", "0"), ("--max-body-bytes", "-1"),
-                                         ("--channel", "Bad Channel")])
+                                         ("--channel", "Bad Channel"), ("--channels", "train,Bad"),
+                                         ("--channels", ",")])
 def test_gateway_flags_refuse_invalid_values(flag, value):
     with pytest.raises(argparse.ArgumentError, match=flag):
         parser().parse_args(["--vllm-addresses", "h:1", "--tokenizer-path", "tok", flag, value])
