@@ -64,17 +64,17 @@ class Membership:
     def __init__(self, app: faust.App, assembler: Any) -> None:
         self.app, self.assembler = app, assembler
         self.pending = False
-        self.announced = 0
+        self.said_ready = False
 
     def assigned(self) -> None:
         self.pending = True
 
-    def ready(self) -> bool:
-        """Assigned, and the assignment's table recovered: the worker assembles."""
+    def due(self) -> bool:
+        """An assignment not yet announced, its table recovered: the worker assembles."""
         return self.pending and not self.app.rebalancing and self.app.tables.recovery.completed.is_set()
 
     async def announce(self) -> None:
-        if not self.ready():
+        if not self.due():
             return
         self.pending = False  # an assignment while Kafka is asked is announced in turn
         settings = self.assembler.settings
@@ -86,14 +86,14 @@ class Membership:
             members = None
         held = held_text(held_by_channel(self.app, settings.topics.prefix, settings.channels), settings.channels)
         share = members_text(settings.app_id, members)
-        if self.announced:
+        if self.said_ready:
             log.info("rebalanced: %s; holds steps partitions %s", share, held)
-        else:
-            log.info("worker ready: bootstrap %s, prefix %s, channels %s; %s; holds steps partitions %s; "
-                     "rides through a Kafka outage for up to %gs (--broker-outage-limit)",
-                     self.assembler.bootstrap_servers, settings.topics.prefix, ",".join(settings.channels), share,
-                     held, settings.broker_outage_limit)
-        self.announced += 1
+            return
+        self.said_ready = True
+        log.info("worker ready: bootstrap %s, prefix %s, channels %s; %s; holds steps partitions %s; "
+                 "rides through a Kafka outage for up to %gs (--broker-outage-limit)",
+                 self.assembler.bootstrap_servers, settings.topics.prefix, ",".join(settings.channels), share,
+                 held, settings.broker_outage_limit)
 
 
 def announce_membership(app: faust.App, assembler: Any, interval: float = 1.0) -> Membership:

@@ -47,6 +47,5 @@ def every(app: faust.App, interval: float, job: Callable[[], Awaitable[None]], w
             if not app.should_stop:
                 await run_once(job, streak)
 
-    loop.__name__ = loop.__qualname__ = f"every {interval:g}s: {what}"
     app.task(loop)
     return streak

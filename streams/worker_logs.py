@@ -22,11 +22,13 @@ DEBUG records (``RoutineClientLines``), shown with ``--faust-loglevel DEBUG``:
   0.5 s) awaits each commit, which waits for the broker's answer through the whole outage
   (``ROUTINE_TIMERS``). Any other timer's overlap stays a WARNING: a blocked event loop.
 
-Matching whole templates, never a logger, keeps every other line of these loggers at its level:
-the fetcher's and the coordinator's "Unexpected error ...", a failed join, SyncGroup or partition
-listener, authorization failures, a topic missing from metadata (``aiokafka.cluster``), and
-Faust's own lines (``faust``, ``mode``: a commit that crashes the consumer, a stalled recovery).
-Those are errors no retry mends, or that put data at stake.
+Matching whole templates, never a logger, keeps every other line of these loggers at its level
+(``--faust-loglevel``, WARNING by default): the fetcher's, coordinator's and sender's "Unexpected
+error ...", a failed join, SyncGroup or partition listener, authorization failures; and whole
+loggers stay as they are: ``aiokafka.cluster`` (a topic missing from metadata), ``aiokafka.conn``
+(credentials sent in the clear, a broken connection object), ``aiokafka.consumer.consumer``, and
+Faust's own (``faust``, ``mode``: a commit that crashes the consumer, a stalled recovery). Those
+are errors no retry mends, or that put data at stake.
 """
 
 from __future__ import annotations
