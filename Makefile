@@ -44,7 +44,7 @@ demo: broker
 	$(BIN)/trajbus demo
 
 test: broker browser
-	$(BIN)/python -m pytest tests -n 2 --dist loadgroup --durations=15
+	$(BIN)/python -m pytest tests -n 2 --durations=15
 
 # The unit layer alone: pure rules, no broker, no subprocess; seconds.
 test-unit: install

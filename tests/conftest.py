@@ -23,14 +23,21 @@ OUR_FORMAT = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ [A-Z]+ \S+ ")
 FAULT_FILES = frozenset({"test_cluster.py", "test_broker_restart.py", "test_worker_assignment.py",
                          "test_client_logs.py", "test_worker_recovery.py"})
 """Tests that kill and restart brokers, nodes and workers of their own: most of their time is spent waiting
-for a JVM to start or a group to rebalance, not on the CPU. ``make test`` runs them in a second pytest
-process (``-n 2 --dist loadgroup``) beside everything else, which runs in order in the first."""
+for a JVM to start or a group to rebalance. ``make test`` runs two pytest processes (``-n 2``): these files
+run one after another in one of them, never two at once; every other file runs whole in one of the two."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Two streams for ``--dist loadgroup``: the fault tests, and the rest."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group("faults" if item.path.name in FAULT_FILES else "main"))
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> object:
+    """Files as units of work, the fault files one unit. (``--dist loadgroup`` would do it by marks, but
+    pytest-xdist 3.8 renames the test ids that pytest 9 no longer reads, and the marks are lost.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FaultsInOneStream(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "faults" if path.rsplit("/", 1)[-1] in FAULT_FILES else path
+
+    return FaultsInOneStream(config, log)
 
 
 def raw_librdkafka_lines(text: str) -> list[str]:
