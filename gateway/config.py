@@ -147,7 +147,8 @@ class GatewaySettings:
                                      help="seconds an inference backend has to answer one call")
     publish_timeout: float = setting(
         30.0, parse=positive_float,
-        help="seconds the broker has to acknowledge a call's steps (and to provision a new channel) before a 503")
+        help="seconds the broker has to acknowledge a call's steps (and to check a channel's topics at its first "
+             "call) before a 503")
     broker_outage_limit: float = setting(
         120.0, parse=positive_float,
         help="seconds Kafka may be unreachable (calls are answered 503 meanwhile) before the gateway exits "

@@ -137,7 +137,8 @@ class KafkaLink:
         return count
 
     async def ensure_channel(self, channel: str) -> None:
-        """Provision a channel's topics (once) before a step index is taken for it."""
+        """Make sure a channel's topics are all there (once: the channel check found its steps topic; a missing
+        topic beside it is made) before a step index is taken for it."""
         producer = self.require()
         if producer.is_provisioned(channel):  # every call but a channel's first: no thread hop
             return
