@@ -244,7 +244,11 @@ def test_stats_cli_reports_per_channel(bootstrap_servers, rules):
 
 def test_worker_serves_prometheus_metrics(bootstrap_servers, rules):
     prefix, producer = rules
-    producer.submit_steps(a_group("metrics", [0.0, 1.0]), channel="train")
+    with PolicyVersionPublisher(bootstrap_servers, prefix=prefix) as publisher:  # staleness is against it
+        publisher.publish(5)
+    wait_for(lambda: stats(bootstrap_servers, prefix, "train").get("policy_version") == 5, 60,
+             "the worker to see policy version 5")
+    producer.submit_steps(a_group("metrics", [0.0, 1.0], version=5), channel="train")
 
     def scrape() -> str | None:
         try:
