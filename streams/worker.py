@@ -29,7 +29,7 @@ import faust
 from confluent_kafka import KafkaException
 
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
-from trajbus.infra.kafka_config import KafkaUnreachable, connection_properties, redacted
+from trajbus.infra.kafka_config import KafkaUnreachable, connection_properties, error_words, redacted
 from trajbus.infra.outage import OutageWatch
 from trajbus.infra.retry import retrying
 from trajbus.infra.topics import TopicSpec, ensure_topics, partition_counts
@@ -85,7 +85,7 @@ def _provision(servers: str, specs: list[TopicSpec], outage_limit: float,
                 ensure_topics(servers, specs, timeout=10.0)
     except (KafkaException, RuntimeError) as exc:
         raise KafkaUnreachable(f"Kafka at {servers} unreachable for {time.time() - since:.0f}s "
-                               f"(--broker-outage-limit {outage_limit:g}): {exc}") from None
+                               f"(--broker-outage-limit {outage_limit:g}): {error_words(exc)}") from None
     if carried or attempts.statistics.get("attempt_number", 1) > 1:
         log.info("kafka reachable again after %.0fs outage; worker starting", time.time() - since)
 

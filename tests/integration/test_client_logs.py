@@ -131,3 +131,15 @@ def test_stats_and_topics_at_a_wrong_address_say_so_in_one_line_and_exit_1(tmp_p
         assert err.startswith(f"trajbus {name}: no Kafka broker answers at {wrong} within 2s ("), err
         assert "Connection refused" in err and "KafkaError{" not in err and not RAW_LIBRDKAFKA.search(err), err
     assert time.monotonic() - started < 30, "both gave up at their --connect-timeout (2 s), not later"
+
+
+def test_a_worker_at_a_wrong_address_says_how_long_it_waits_then_gives_up_in_one_line(tmp_path):
+    wrong = f"127.0.0.1:{free_port()}"  # nothing listens there
+    worker = subprocess.run([sys.executable, "-m", "trajbus.pipelines.cli", "worker", "--bootstrap-servers", wrong,
+                             "--broker-outage-limit", "2"], capture_output=True, text=True, timeout=60)
+    assert worker.returncode != 0, worker.stderr[-2000:]
+    lines = worker.stderr.strip().splitlines()
+    assert "waits up to 2s for it when unreachable: --broker-outage-limit" in lines[0], lines[0]
+    assert lines[-1].startswith(f"trajbus worker: Kafka at {wrong} unreachable for"), lines[-1]
+    assert "Broker transport failure" in lines[-1] and "KafkaError{" not in worker.stderr, lines[-1]
+    assert not RAW_LIBRDKAFKA.search(worker.stderr) and "Traceback" not in worker.stderr, worker.stderr[-2000:]
