@@ -102,7 +102,8 @@ def tail(bootstrap_servers: str, topic: str, from_beginning: bool = False, max_r
         for p in sorted(topics[topic].partitions):  # resolve the positions before saying we are live
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
             positions.append(str(low if from_beginning else high))
-        print(f"tailing {topic} from offsets {','.join(positions)} (Ctrl-C stops)", file=sys.stderr, flush=True)
+        until = "Ctrl-C stops" if max_records is None else f"until {max_records} records, or Ctrl-C"
+        print(f"tailing {topic} from offsets {','.join(positions)} ({until})", file=sys.stderr, flush=True)
         printed = 0
         while max_records is None or printed < max_records:
             message = consumer.poll(0.5)
