@@ -3,7 +3,9 @@
 Calls of one trajectory stay on one backend while it is healthy (its prefix
 cache holds the conversation so far). A backend that refuses a connection, or
 fails its health check, is taken out; the health loop puts it back once
-``GET /health`` answers again. A request is retried on another backend when
+``GET /health`` answers again. A health check that only gets no answer in time
+takes out no backend that answered lately (``backend_health``: a busy engine
+is not a dead one). A request is retried on another backend when
 no answer came from the first: the connection could not be made, or it broke
 before any response (a server closing its idle keep-alive connections as it
 shuts down does this to a request sent at that moment). A generation has no
@@ -35,6 +37,8 @@ from typing import Any, AsyncIterator
 import aiohttp
 import orjson
 
+from trajbus.gateway.backend_health import ALIVE_WINDOW, Change, Liveness, Probe
+
 log = logging.getLogger("trajbus.gateway")
 
 NO_ANSWER = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, aiohttp.ConnectionTimeoutError)
@@ -57,18 +61,25 @@ class BackendError(RuntimeError):
 @dataclass
 class Backend:
     address: str
-    healthy: bool = False
+    liveness: Liveness = field(default_factory=Liveness)
+    """Whether it is in service, from its probes and its answers."""
     in_flight: int = 0
     requests: int = 0
     failures: int = 0
     last_error: str | None = None
     checked_at: float = 0.0
-    seen_healthy: bool = False
-    """Whether a health check ever passed: a backend not yet up at start is waited for, not "taken out"."""
+    slow_health_checks: int = 0
+    """Health checks that got no answer in time."""
+
+    @property
+    def healthy(self) -> bool:
+        """In service: calls may be sent to it."""
+        return self.liveness.in_service
 
     def describe(self) -> dict[str, Any]:
         return {"address": self.address, "healthy": self.healthy, "in_flight": self.in_flight,
-                "requests": self.requests, "failures": self.failures, "last_error": self.last_error}
+                "requests": self.requests, "failures": self.failures, "last_error": self.last_error,
+                "slow_health_checks": self.slow_health_checks}
 
 
 @dataclass
@@ -134,7 +145,8 @@ def request_body(prompt_ids: list[int], sampling: dict[str, Any], model: str | N
     return body
 
 
-HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+HEALTH_TIMEOUT = 5.0
+"""Seconds a health probe waits for its answer (a slower one is judged by ``backend_health``)."""
 JSON_HEADERS = {"Content-Type": "application/json"}
 KEEPALIVE_SECONDS = 2.0
 """Idle connections are dropped before servers close them (uvicorn, vLLM's server: after 5 s), so a
@@ -142,8 +154,11 @@ request is never sent on a connection the server is closing."""
 
 
 class BackendPool:
-    def __init__(self, addresses: list[str], timeout: float = 600.0, health_interval: float = 2.0) -> None:
-        self.backends = {address: Backend(address) for address in addresses}
+    def __init__(self, addresses: list[str], timeout: float = 600.0, health_interval: float = 2.0,
+                 health_timeout: float = HEALTH_TIMEOUT, alive_window: float = ALIVE_WINDOW) -> None:
+        window = max(alive_window, 2 * health_interval + health_timeout)  # one slow probe after a pass: kept
+        self.backends = {address: Backend(address, Liveness(window)) for address in addresses}
+        self.health_timeout = aiohttp.ClientTimeout(total=health_timeout)
         self._order = list(self.backends)
         self._next = 0
         self.health_interval = health_interval
@@ -156,24 +171,40 @@ class BackendPool:
 
     # -- health -----------------------------------------------------------------
     async def check(self, backend: Backend) -> bool:
+        """One health probe, judged beside the backend's recent answers; whether it is in service."""
         try:
-            async with self.session.get(f"{backend.address}/health", timeout=HEALTH_TIMEOUT) as response:
-                ok = response.status == 200
-            if ok and self.model is None:
+            async with self.session.get(f"{backend.address}/health", timeout=self.health_timeout) as response:
+                probe = Probe.PASSED if response.status == 200 else Probe.FAILED
+                if probe is Probe.FAILED:
+                    backend.last_error = f"its health check answered {response.status}"
+            if probe is Probe.PASSED and self.model is None:
                 self.model = await self._model_name(backend)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            ok, backend.last_error = False, f"{type(exc).__name__}: {exc}"
-        if ok and not backend.seen_healthy:  # a backend first seen healthy is not "back"
+        except asyncio.TimeoutError:  # before ClientError: aiohttp's timeouts are both
+            probe = Probe.SLOW
+            backend.slow_health_checks += 1
+            backend.last_error = f"its health check got no answer within {self.health_timeout.total:g} s"
+        except aiohttp.ClientError as exc:
+            probe, backend.last_error = Probe.FAILED, f"{type(exc).__name__}: {exc}"
+        now = time.monotonic()
+        self._changed(backend, backend.liveness.probed(probe, now), now)
+        backend.checked_at = time.time()
+        return backend.healthy
+
+    def _changed(self, backend: Backend, change: Change | None, now: float) -> None:
+        """Log a change of service, once."""
+        if change is Change.READY:  # a backend first seen healthy is not "back"
             log.info("backend ready address=%s model=%s", backend.address, self.model)
-        elif ok != backend.healthy:
-            log.warning("backend %s address=%s", "back in" if ok else "taken out", backend.address)
-        backend.healthy, backend.checked_at = ok, time.time()
-        backend.seen_healthy = backend.seen_healthy or ok
-        return ok
+        elif change is Change.BACK_IN:
+            log.warning("backend back in address=%s", backend.address)
+        elif change is Change.TAKEN_OUT:
+            log.warning("backend taken out address=%s error=%s", backend.address, backend.last_error)
+        elif change is Change.KEPT_IN:
+            log.warning("backend kept in service: its health check got no answer in time, but it answered "
+                        "%.1f s ago address=%s", backend.liveness.answered_ago(now), backend.address)
 
     async def _model_name(self, backend: Backend) -> str | None:
         try:
-            async with self.session.get(f"{backend.address}/v1/models", timeout=HEALTH_TIMEOUT) as response:
+            async with self.session.get(f"{backend.address}/v1/models", timeout=self.health_timeout) as response:
                 return orjson.loads(await response.read())["data"][0]["id"]
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError, TypeError):
             return None
@@ -207,12 +238,12 @@ class BackendPool:
     # -- choosing ---------------------------------------------------------------
     def pick(self, preferred: str | None = None, exclude: set[str] = frozenset()) -> Backend:
         """The trajectory's backend while healthy, else the next healthy one in round robin."""
-        if preferred in self.backends and self.backends[preferred].healthy and preferred not in exclude:
+        if preferred in self.backends and self.backends[preferred].liveness.in_service and preferred not in exclude:
             return self.backends[preferred]
         for _ in range(len(self._order)):
             backend = self.backends[self._order[self._next % len(self._order)]]
             self._next += 1
-            if backend.healthy and backend.address not in exclude:
+            if backend.liveness.in_service and backend.address not in exclude:
                 return backend
         raise NoBackendAvailable("no inference backend is available: "
                                  + "; ".join(f"{b.address}: {b.last_error or 'unhealthy'}"
@@ -230,9 +261,9 @@ class BackendPool:
                 self._sticky.pop(next(iter(self._sticky)))
 
     def _refused(self, backend: Backend, exc: Exception) -> None:
-        backend.healthy, backend.failures = False, backend.failures + 1
+        backend.failures += 1
         backend.last_error = f"{type(exc).__name__}: {exc}"
-        log.warning("backend taken out address=%s error=%s", backend.address, backend.last_error)
+        self._changed(backend, backend.liveness.refused(), time.monotonic())
 
     async def _send(self, body: dict[str, Any], preferred: str | None
                     ) -> tuple[Backend, aiohttp.ClientResponse]:
@@ -257,6 +288,7 @@ class BackendPool:
                                    f"{type(exc).__name__}: {exc}") from exc
             if response.status != 200:
                 backend.in_flight -= 1
+                backend.failures += response.status >= 500  # the engine's fault, not the request's
                 try:
                     detail = (await response.read()).decode(errors="replace")[:2000]
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -264,6 +296,7 @@ class BackendPool:
                 response.release()
                 raise BackendError(f"backend {backend.address} answered {response.status}: {detail}",
                                    status=400 if response.status == 400 else 502)
+            backend.liveness.answered(time.monotonic())  # a sign of life, beside its probes (O(1): a store)
             return backend, response
 
     async def complete(self, prompt_ids: list[int], sampling: dict[str, Any],
@@ -323,6 +356,8 @@ class EngineStream:
             async for piece in _aiter(pieces):
                 yield piece
             finished = self._open
+            if finished:  # a long stream's end is a later sign of life than its start
+                self.backend.liveness.answered(time.monotonic())
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             if self._open:  # not cut by us
                 self.backend.failures += 1

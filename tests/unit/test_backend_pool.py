@@ -1,13 +1,19 @@
-"""The backend pool's choice of backend (round robin, stickiness, health), without any HTTP request."""
+"""The backend pool's choice of backend (round robin, stickiness, health), without any HTTP request; its
+health checks and answers wired to ``backend_health``, against a small engine served in the test."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from typing import Any, AsyncIterator
 
 import httpx
+import orjson
 import pytest
+from aiohttp import ClientSession, web
 
-from trajbus.gateway.backends import BackendPool, NoBackendAvailable
+from trajbus.gateway.backend_health import Probe
+from trajbus.gateway.backends import BackendError, BackendPool, NoBackendAvailable
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 
@@ -16,7 +22,7 @@ A, B, C = "http://a:1", "http://b:1", "http://c:1"
 def pool():
     pool = BackendPool([A, B, C])  # no client until started: sends nothing
     for backend in pool.backends.values():
-        backend.healthy = True
+        backend.liveness.probed(Probe.PASSED, 0.0)
     yield pool
     asyncio.run(pool.close())
 
@@ -50,7 +56,7 @@ def test_unknown_preferred_backend_falls_back_to_round_robin(pool):
 
 
 def test_an_unhealthy_backend_is_skipped_and_its_trajectory_moves(pool):
-    pool.backends[B].healthy = False
+    pool.backends[B].liveness.probed(Probe.FAILED, 1.0)
     assert picks(pool, 4) == [A, C, A, C]
     assert pool.pick(preferred=B).address != B
 
@@ -63,9 +69,9 @@ def test_a_refused_backend_is_taken_out_with_its_error(pool):
 
 
 def test_a_backend_is_put_back_when_healthy_again(pool):
-    pool.backends[A].healthy = False
+    pool.backends[A].liveness.probed(Probe.FAILED, 1.0)
     assert A not in picks(pool, 3)
-    pool.backends[A].healthy = True  # what a passing health check does
+    pool.backends[A].liveness.probed(Probe.PASSED, 2.0)
     assert A in picks(pool, 3)
     assert pool.pick(preferred=A).address == A
 
@@ -77,7 +83,7 @@ def test_excluded_backends_are_not_picked(pool):
 
 def test_none_healthy_raises_naming_every_backend(pool):
     for backend in pool.backends.values():
-        backend.healthy = False
+        backend.liveness.probed(Probe.FAILED, 1.0)
     pool.backends[A].last_error = "ConnectError: refused"
     with pytest.raises(NoBackendAvailable) as caught:
         pool.pick(preferred=A)
@@ -106,7 +112,6 @@ def test_white_box_trajectories_remember_their_backend_within_a_bound(pool):
 def test_a_backend_first_seen_healthy_is_ready_not_back_in(caplog):
     """Start-up is quiet: a backend up at start is announced once (INFO, with its model); only one that
     was healthy, then taken out, comes "back in" (a WARNING, as its going out was)."""
-    from aiohttp import ClientSession, web
 
     async def run() -> list[tuple[str, str]]:
         health = {"status": 200}
@@ -140,5 +145,103 @@ def test_a_backend_first_seen_healthy_is_ready_not_back_in(caplog):
     with caplog.at_level("INFO", logger="trajbus.gateway"):
         lines = asyncio.run(run())
     assert lines == [("INFO", "backend ready address=ADDRESS model=tiny"),
-                     ("WARNING", "backend taken out address=ADDRESS"),
+                     ("WARNING", "backend taken out address=ADDRESS error=its health check answered 503"),
                      ("WARNING", "backend back in address=ADDRESS")]
+
+
+class Engine:
+    """A vLLM-like engine in the test's event loop: ``/health`` after ``health_delay`` seconds,
+    completions (streamed or not) answered ``status``."""
+
+    def __init__(self) -> None:
+        self.health_delay, self.status = 0.0, 200
+        self.address = ""
+        self.runner: web.AppRunner | None = None
+
+    async def health(self, _request: web.Request) -> web.Response:
+        await asyncio.sleep(self.health_delay)
+        return web.Response(text="ok")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        if self.status != 200:
+            return web.json_response({"error": "engine fault"}, status=self.status)
+        choice = {"index": 0, "text": "4", "finish_reason": "stop",
+                  "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5]}}
+        if not (await request.json()).get("stream"):
+            return web.json_response({"choices": [choice]})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: " + orjson.dumps({"choices": [choice]}) + b"\n\ndata: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    @contextlib.asynccontextmanager
+    async def serving(self, **pool_options: Any) -> AsyncIterator[BackendPool]:
+        """This engine served, and a pool over it with a client (no health loop: the test probes)."""
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/v1/completions", self.completions)
+        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.address = "http://127.0.0.1:%d" % self.runner.addresses[0][1]
+        pool = BackendPool([self.address], **pool_options)
+        pool.session = ClientSession()
+        try:
+            yield pool
+        finally:
+            await pool.close()
+            await self.runner.cleanup()
+
+
+def test_a_backend_answering_its_calls_stays_in_while_its_health_check_is_slow():
+    """The pool wired to the rule: an answered call (plain or streamed to its end) is a sign of life, a
+    health check with no answer in time keeps such a backend in; answered errors are no sign of life,
+    so the same slow check takes out a backend that only failed since (the window: faked by ageing)."""
+
+    async def run() -> None:
+        engine = Engine()
+        async with engine.serving(health_timeout=0.05) as pool:
+            backend = pool.backends[engine.address]
+            assert await pool.check(backend) and pool.ready
+            engine.health_delay = 0.5  # busy: its /health answers after the pool stops waiting
+            backend.liveness.alive_at -= 1000  # its passing check was long ago
+            address, [choice] = await pool.complete([1, 2], {"max_tokens": 4})
+            assert address == engine.address and choice.token_ids == [7]
+            assert await pool.check(backend) and pool.ready and pool.pick() is backend
+            assert backend.slow_health_checks == 1 and backend.healthy
+
+            backend.liveness.alive_at -= 1000
+            _, stream = await pool.stream([1, 2], {"max_tokens": 4})
+            assert [piece.token_ids async for piece in stream] == [[7]]
+            assert await pool.check(backend) and backend.slow_health_checks == 2
+
+            backend.liveness.alive_at -= 1000
+            engine.status = 500
+            with pytest.raises(BackendError):
+                await pool.complete([1, 2], {"max_tokens": 4})
+            assert backend.failures == 1 and backend.healthy  # counted; only the check decides
+            assert not await pool.check(backend) and not pool.ready
+            assert backend.last_error == "its health check got no answer within 0.05 s"
+
+            engine.health_delay, engine.status = 0.0, 200
+            assert await pool.check(backend) and pool.ready
+
+    asyncio.run(run())
+
+
+def test_a_backend_whose_process_is_gone_is_out_at_once_despite_its_answers():
+    async def run() -> None:
+        engine = Engine()
+        async with engine.serving(health_timeout=0.05) as pool:
+            backend = pool.backends[engine.address]
+            assert await pool.check(backend)
+            await pool.complete([1], {})
+            await engine.runner.cleanup()  # the process is gone
+            assert not await pool.check(backend)  # refused, though it answered just now
+            assert not pool.ready and backend.slow_health_checks == 0
+            assert backend.last_error.startswith("ClientConnectorError")
+            with pytest.raises(NoBackendAvailable):
+                pool.pick()
+
+    asyncio.run(run())
