@@ -17,7 +17,10 @@ streaming request only (``Misbehaving``; meant for scripts served one call at a
 time): ``{"text": ..., "unstreamed": "whole"}`` answers one ``application/json``
 completion (ids and log-probs as asked), ``"unstreamed": "bare"`` one without
 ids or log-probs, and ``{"text": ..., "break_after": N}`` ends the body cleanly
-after N events (no ``finish_reason``, no ``[DONE]``).
+after N events (no ``finish_reason``, no ``[DONE]``). A reply may also carry
+``"health_delay": seconds``: from the call that takes it on, ``GET /health``
+waits that long before answering, as a busy engine's may, while calls are
+answered as before (``0`` ends it).
 
 Weight updates are scripted too, deterministically: ``/update_weights_from_disk``
 counts a load (``GET /get_model_info`` says how many), and every token's
@@ -33,6 +36,7 @@ Run: ``python -m trajbus.infra.scripted_engine --tokenizer-path DIR --replies re
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import threading
@@ -61,6 +65,8 @@ class ScriptedReply:
     """To a streaming request: ``whole``, one JSON completion; ``bare``, one without ids or log-probs."""
     break_after: int | None = None
     """To a streaming request: the body ends after this many events, with no finish_reason and no [DONE]."""
+    health_delay: float | None = None
+    """From this reply on, seconds ``GET /health`` waits before answering (``None``: unchanged)."""
 
 
 def log_prob(position: int, load: int = 1) -> float:
@@ -108,6 +114,8 @@ class ScriptedEngine:
         self._replies = [self._scripted(reply) for reply in replies]
         self._taken = 0
         """Replies taken so far; the next is ``_replies[_taken % len(_replies)]``."""
+        self.health_delay = 0.0
+        """Seconds ``GET /health`` waits before answering (``Misbehaving``), set by a reply's ``health_delay``."""
         self._record = record
         self._lock = threading.Lock()
         self._cut: list[tuple[list[int], ScriptedReply]] = []
@@ -124,7 +132,8 @@ class ScriptedEngine:
             raise ValueError(f"unstreamed: 'whole' or 'bare', not {reply['unstreamed']!r}")
         return ScriptedReply(text, ids, float(reply.get("delay", 0.0)), reply.get("fail"),
                              float(reply.get("token_delay", 0.0)), pieces if "".join(pieces) == text else None,
-                             reply.get("unstreamed"), reply.get("break_after"))
+                             reply.get("unstreamed"), reply.get("break_after"),
+                             None if reply.get("health_delay") is None else float(reply["health_delay"]))
 
     def upcoming(self) -> ScriptedReply:
         """The reply the next new request takes (``Misbehaving`` decides how to answer it before it is sampled)."""
@@ -134,6 +143,8 @@ class ScriptedEngine:
     def _next_reply(self) -> ScriptedReply:
         reply = self._replies[self._taken % len(self._replies)]
         self._taken += 1
+        if reply.health_delay is not None:
+            self.health_delay = reply.health_delay
         return reply
 
     def generator(self, seed: int | None) -> None:
@@ -193,7 +204,8 @@ class ScriptedEngine:
 
 class Misbehaving:
     """ASGI middleware: a streaming ``/v1/completions`` request whose reply is scripted to misbehave is
-    answered as a broken engine or proxy would (see the module docstring); every other request passes."""
+    answered as a broken engine or proxy would (see the module docstring), ``GET /health`` waits the
+    engine's ``health_delay``; every other request passes."""
 
     ENGINE_ONLY = ("logprobs", "return_token_ids", "return_tokens_as_token_ids")
     """Fields a ``bare`` answer is asked without, so it carries neither ids nor log-probs."""
@@ -202,6 +214,8 @@ class Misbehaving:
         self.app, self.engine = app, engine
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["path"] == "/health" and self.engine.health_delay > 0:
+            return await self._slow_health(scope, receive, send)
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/v1/completions":
             return await self.app(scope, receive, send)
         raw = b""
@@ -218,6 +232,23 @@ class Misbehaving:
             raw = json.dumps(body).encode()
         elif body.get("stream") and reply.break_after is not None:
             send = self._breaking(send, reply.break_after)
+        await self.app(scope, self._replaying({"type": "http.request", "body": raw, "more_body": False}, receive),
+                       send)
+
+    async def _slow_health(self, scope: dict, receive: Callable, send: Callable) -> None:
+        """``GET /health`` answered after ``health_delay`` (on the event loop, off the generations' threads:
+        calls go on meanwhile), or not at all if its client gave up first, so no stop waits for it."""
+        request = await receive()
+        gone = asyncio.ensure_future(receive())  # after the request, only http.disconnect comes
+        done, _ = await asyncio.wait({gone}, timeout=self.engine.health_delay)
+        if done:
+            return None
+        gone.cancel()
+        await self.app(scope, self._replaying(request, receive), send)
+
+    @staticmethod
+    def _replaying(first: dict, receive: Callable) -> Callable:
+        """``receive`` that hands out ``first`` (a request already read) before the rest."""
         replayed = False
 
         async def replay() -> dict:
@@ -225,9 +256,9 @@ class Misbehaving:
             if replayed:
                 return await receive()
             replayed = True
-            return {"type": "http.request", "body": raw, "more_body": False}
+            return first
 
-        await self.app(scope, replay, send)
+        return replay
 
     @staticmethod
     def _body(raw: bytes) -> dict:
@@ -263,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer-path", type=Path, required=True)
     parser.add_argument("--replies", type=Path, required=True,
                         help="JSON list of replies served in turn: texts, or objects with text|fail and delay, "
-                             "token_delay, unstreamed or break_after")
+                             "token_delay, unstreamed, break_after or health_delay")
     parser.add_argument("--record", type=Path, help="append every received prompt to this JSON-lines file")
     parser.add_argument("--served-model-name", default="trajbus-scripted")
     parser.add_argument("--workers", type=int, default=1,
