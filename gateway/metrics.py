@@ -30,7 +30,7 @@ class GatewayMetrics:
                                          buckets=LATENCY_BUCKETS, registry=r)
         self.engine_latency = Histogram("trajbus_gateway_engine_seconds", "Time spent in the inference backend",
                                         buckets=LATENCY_BUCKETS, registry=r)
-        self.backend_up = Gauge("trajbus_gateway_backend_up", "1 while a backend passes health checks",
+        self.backend_up = Gauge("trajbus_gateway_backend_up", "1 while a backend is in service (its health check or its calls answered lately)",
                                 ["backend"], registry=r)
         self.admissions = Counter("trajbus_gateway_admissions", "New trajectories admitted (immediately or "
                                   "after waiting) or refused, by reason", ["channel", "outcome", "reason"],

@@ -106,7 +106,7 @@ class GatewayService:
         if kafka:
             missing.append(kafka)
         if not self.backends.ready:
-            missing.append("no inference backend passes its health check")
+            missing.append("no inference backend is in service (none answers its health check or its calls)")
         return missing
 
     def require(self, *parts: str) -> None:
@@ -116,7 +116,7 @@ class GatewayService:
         if "kafka" in parts:
             self.kafka.require()
         if "backend" in parts and not self.backends.ready:
-            raise unavailable("no inference backend passes its health check", code="no_backend")
+            raise unavailable("no inference backend is in service (none answers its health check or its calls)", code="no_backend")
 
     def statistics(self) -> dict[str, Any]:
         def total(counter) -> dict[str, float]:
