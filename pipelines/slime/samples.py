@@ -25,6 +25,8 @@ __all__ = ["ROW_MODES", "sample_kind", "samples_from_group", "slime_sample_class
 ROW_MODES = ("trajectory", "step")
 FINISH_REASON = "finish_reason"
 """Step metadata key the gateway records the engine's finish reason under (``length``: cut by the budget)."""
+POLICY_VERSIONS = "policy_versions"
+"""Sample metadata key: one policy version per response token, where they are not all one version."""
 
 
 def slime_sample_class() -> type | None:
@@ -55,7 +57,9 @@ def samples_from_group(steps: list[Step], dispatched: list[Any], kind: SampleKin
     sample i's prompt fields and ``index``, which is also its ``rollout_id`` (the rows one trajectory
     is cut into share it). ``tokens`` are prompt + response, ``loss_mask`` is 1 on the model's tokens
     and 0 on those between turns (tool results), ``status`` is ``TRUNCATED`` when the last call hit
-    its length budget. With a ``tokenizer``, ``response`` is the response decoded."""
+    its length budget, ``weight_versions`` has one entry per run of one version (a call cut by a weight
+    update has two) and, where those differ, ``metadata[POLICY_VERSIONS]`` the version of each response
+    token. With a ``tokenizer``, ``response`` is the response decoded."""
     if row_mode not in ROW_MODES:
         raise ValueError(f"row_mode: expected one of {', '.join(ROW_MODES)}, got {row_mode!r}")
     kind = kind or sample_kind()
@@ -75,10 +79,14 @@ def samples_from_group(steps: list[Step], dispatched: list[Any], kind: SampleKin
         sample.rollout_log_probs = None if row.log_probs is None else [float(p) for p in row.log_probs]
         sample.reward = float(row.reward)
         sample.rollout_id = base.index
-        sample.weight_versions = [str(step.policy_version) for step in row.steps]
+        sample.weight_versions = [str(version) for step in row.steps
+                                  for _, version in (step.version_segments or [[0, step.policy_version]])]
         truncated = row.steps[-1].metadata.get(FINISH_REASON) == "length"
         sample.status = kind.status.TRUNCATED if truncated else kind.status.COMPLETED
         sample.metadata = {**(base.metadata or {}), "trajectory_uid": row.steps[0].trajectory_uid}
+        versions = [] if row.versions is None else [int(version) for version in row.versions]
+        if len(set(versions)) > 1:  # a weight update cut a generation, or turns came from two versions
+            sample.metadata[POLICY_VERSIONS] = versions
         if tokenizer is not None:
             sample.response = tokenizer.decode(response)
         samples.append(sample)
