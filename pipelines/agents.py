@@ -73,6 +73,22 @@ class GatewayAgent:
         self.http.close()
 
 
+def converse(client: Any, env: Any, observation: Observation, sampling: dict[str, Any],
+             max_turns: int) -> tuple[Feedback, int]:
+    """Chat through ``client`` (an ``openai.OpenAI`` on a base_url) until the environment says done or
+    ``max_turns`` replies; returns the last feedback and the replies made."""
+    messages = list(observation.messages)
+    feedback = Feedback([], 0.0, False)
+    turns = 0
+    while not feedback.done and turns < max_turns:
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=observation.tools, **sampling)
+        message = reply.choices[0].message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
+        feedback = env.step(message)
+        messages += [message, *feedback.messages]
+        turns += 1
+    return feedback, turns
+
+
 class BlackBoxAgent(GatewayAgent):
     def run_episode(self, env: Any, observation: Observation, prompt_uid: str, n_rollouts: int,
                     metadata: dict[str, Any], max_turns: int = 8) -> Episode:
@@ -82,16 +98,7 @@ class BlackBoxAgent(GatewayAgent):
                        json={"prompt_uid": prompt_uid, "n_rollouts": n_rollouts, "channel": self.channel,
                              "metadata": {**metadata, "label": observation.label}})
         client = openai.OpenAI(base_url=t["base_url"], api_key="black-box", max_retries=0)
-        messages = list(observation.messages)
-        feedback = Feedback([], 0.0, False)
-        turns = 0
-        while not feedback.done and turns < max_turns:
-            reply = client.chat.completions.create(model="policy", messages=messages, tools=observation.tools,
-                                                   **self.sampling)
-            message = reply.choices[0].message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
-            feedback = env.step(message)
-            messages += [message, *feedback.messages]
-            turns += 1
+        feedback, turns = converse(client, env, observation, self.sampling, max_turns)
         self._post(f"{t['base_url']}/complete_trajectory", json={"reward": feedback.reward})  # the one submission
         return Episode(t["trajectory_uid"], prompt_uid, feedback.reward, turns)
 

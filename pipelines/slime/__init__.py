@@ -6,6 +6,11 @@ In slime's command::
     --rollout-function-path trajbus.pipelines.slime.sglang.generate_rollout
     --custom-config-path trajbus.yaml     # trajbus_bootstrap_servers: host:9092, ...
 
+or, for agents through trajbus's gateway (``trajbus_settled_by: worker`` in that YAML)::
+
+    --rollout-function-path trajbus.pipelines.slime.agentic.generate_rollout
+    --eval-function-path trajbus.pipelines.slime.agentic.generate_rollout
+
 ``samples_from_group`` turns a group assembled by trajbus's stream worker into slime Samples.
 """
 

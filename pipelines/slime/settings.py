@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from trajbus.infra.arguments import positive_float
+from trajbus.infra.arguments import positive_float, positive_int
 from trajbus.infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
 from trajbus.infra.declared import declared_fields, parse_text, resolve, setting
 from trajbus.pipelines.data_source import DataSourceArgs
@@ -32,11 +32,13 @@ ARG_PREFIX = "trajbus_"
 ENV_PREFIX = "TRAJBUS_SLIME_"
 SETTLED_BY = ("rollout", "worker")
 SGLANG_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"
+CALCULATOR_AGENT = "trajbus.pipelines.slime.agents.calculator_agent"
 
 
 @dataclass(frozen=True)
 class SlimeSettings:
-    """Where the data source keeps its prompt ledger, and who settles each group on it."""
+    """Where the data source keeps its prompt ledger, who settles each group on it, and (the agentic rollout,
+    ``pipelines.slime.agentic``) which gateway and agent run its samples."""
 
     bootstrap_servers: str | None = setting(None, help=(
         "Kafka bootstrap servers (else $TRAJBUS_BOOTSTRAP_SERVERS, else the embedded broker of `trajbus broker "
@@ -51,10 +53,20 @@ class SlimeSettings:
         "the rollout function trajbus.pipelines.slime.sglang.generate_rollout runs and then settles"))
     ledger_timeout: float = setting(30.0, parse=positive_float, help=(
         "seconds a prompt-ledger read or acknowledged write may take"))
+    gateway_url: str = setting("http://127.0.0.1:8100", help=(
+        "the trajbus gateway whose base_urls the agents of trajbus.pipelines.slime.agentic.generate_rollout get"))
+    gateway_api_key: str | None = setting(None, help="the gateway's --api-key, when it has one")
+    agent_path: str = setting(CALCULATOR_AGENT, help=(
+        "the agent the agentic rollout runs per sample: agent(base_url, sample, sampling) -> reward or None"))
+    agent_concurrency: int = setting(64, parse=positive_int, help="agents the agentic rollout runs at once")
+    eval_channel: str = setting("val", help="the channel the agentic rollout's evaluation goes through")
+    group_timeout: float = setting(600.0, parse=positive_float, help=(
+        "seconds the agentic rollout waits for its next group, groups in flight, before it gives up"))
 
     def __post_init__(self) -> None:
         validate_prefix(self.prefix)
         validate_channel(self.channel)
+        validate_channel(self.eval_channel)
 
     @classmethod
     def from_args(cls, args: Any, environ: Mapping[str, str] | None = None) -> "SlimeSettings":

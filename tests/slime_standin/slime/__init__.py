@@ -1,1 +1,2 @@
-"""A stand-in for THUDM/slime (not installed here): only ``slime.utils.types.Sample``, for trajbus's tests."""
+"""A stand-in for THUDM/slime (not installed here): only ``slime.utils.types.Sample`` and the rollout outputs of
+``slime.rollout.base_types``, for trajbus's tests."""
