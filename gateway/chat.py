@@ -89,8 +89,16 @@ class ChatCompletions:
         self.updates = service.updates
 
     async def create(self, trajectory: Trajectory, request: ChatCompletionRequest, wait: float = 0.0):
+        call = await self.prepare(trajectory, request, [m.for_template() for m in request.messages], wait)
+        if request.stream:
+            return await call.stream()
+        return await call.complete()
+
+    async def prepare(self, trajectory: Trajectory, request: ChatCompletionRequest, messages: list[dict[str, Any]],
+                      wait: float = 0.0, kind: type[ChatCall] | None = None) -> ChatCall:
+        """The call of ``messages`` (the chat template's form), prompt built and engine call set up, not started;
+        ``kind``: the ``ChatCall`` that answers it (another API's answer shape: ``gateway.anthropic_answers``)."""
         self.require("tokenizer", "kafka", "backend")
-        messages = [m.for_template() for m in request.messages]
         prompts = self.tokenizer.prompts
         new = prompts.new_messages(messages, trajectory.last_conversation, trajectory.context_ids)
         build = functools.partial(prompts.build_new, messages, request.tools, new, trajectory.context_ids)
@@ -110,13 +118,10 @@ class ChatCompletions:
         generation = Generation(self.backends, self.updates, self.metrics, prompt.ids, sampling,
                                 self.lifecycle.policy_version(trajectory), trajectory.backend,
                                 self.tokenizer.stop_ids, request.stream or self.settings.engine_streaming == "always")
-        call = _Call(self, trajectory, request, messages, prompt, generation)
-        if request.stream:
-            return await call.stream()
-        return await call.complete()
+        return (kind or ChatCall)(self, trajectory, request, messages, prompt, generation)
 
 
-class _Call:
+class ChatCall:
     """One chat completion request of one trajectory."""
 
     def __init__(self, parts: ChatCompletions, trajectory: Trajectory, request: ChatCompletionRequest,
