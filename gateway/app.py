@@ -1,9 +1,9 @@
 """The gateway's ASGI application: its parts (``GatewayService``), its routers, its middleware.
 
 Operations (``gateway.routes.operations``), white-box (``...whitebox``),
-black-box (``...blackbox``) and weight-update (``...pause``) routes; white-box and admin routes take
-``--api-key`` as a bearer token when one is set, a black-box URL is its own
-capability. Responses are encoded by orjson (``gateway.responses``: faster than FastAPI's own).
+black-box (``...blackbox``; Anthropic's Messages API: ``...messages``) and weight-update (``...pause``)
+routes; white-box and admin routes take ``--api-key`` as a bearer token when one is set, a black-box URL is its
+own capability. Responses are encoded by orjson (``gateway.responses``: faster than FastAPI's own).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from trajbus.gateway.openapi import describe
 from trajbus.gateway.responses import OrjsonResponse
 from trajbus.gateway.routes.auth import api_key_guard
 from trajbus.gateway.routes.blackbox import blackbox_router
+from trajbus.gateway.routes.messages import messages_router
 from trajbus.gateway.routes.operations import operations_router
 from trajbus.gateway.routes.pause import pause_router
 from trajbus.gateway.routes.whitebox import whitebox_router
@@ -40,7 +41,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     describe(app, settings, lambda: len(service.tokenizer.tokenizer) if service.tokenizer.ready else None)
     admin = api_key_guard(settings.api_key)
     for router in (operations_router(service, admin), whitebox_router(service, admin),
-                   blackbox_router(service, admin), pause_router(service, admin)):
+                   blackbox_router(service, admin), messages_router(service), pause_router(service, admin)):
         app.include_router(router)
     # Outermost last: every request is observed, a shed or drained one too; the body cap applies before any parse.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

@@ -22,7 +22,7 @@ from trajbus.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("trajbus.gateway")
 
-ENGINE_CALLS = ("/chat/completions", "/generate")
+ENGINE_CALLS = ("/chat/completions", "/generate", "/v1/messages")
 """Paths (by their end) whose requests hold an engine call: what ``CallLimit`` counts."""
 SHED_RETRY_SECONDS = 1
 
@@ -81,7 +81,7 @@ class CallLimit:
         if scope["type"] != "http" or not scope["path"].endswith(ENGINE_CALLS):
             return await self.app(scope, receive, send)
         if self.in_flight >= self.limit:
-            self.metrics.shed.labels("/generate" if scope["path"] == "/generate" else "chat/completions").inc()
+            self.metrics.shed.labels(scope["path"].rsplit("/v1/", 1)[-1]).inc()  # chat/completions, messages
             return await _answer(unavailable(f"the gateway serves {self.limit} engine calls at once "
                                              f"(--max-concurrent-calls); retry shortly", code="overloaded",
                                              retry_after=SHED_RETRY_SECONDS), send)

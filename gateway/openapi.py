@@ -43,6 +43,9 @@ def _limits(schema: dict[str, Any], settings: GatewaySettings) -> None:
             integer.pop("exclusiveMaximum", None)
             integer["maximum"] = settings.response_length
     models["GenerateRequest"]["properties"]["prompt_ids"]["maxItems"] = settings.prompt_length
+    messages_max_tokens = models["MessagesRequest"]["properties"]["max_tokens"]  # Anthropic's: required
+    messages_max_tokens.pop("exclusiveMaximum", None)
+    messages_max_tokens["maximum"] = settings.response_length
 
 
 def describe(app: FastAPI, settings: GatewaySettings, vocabulary: Callable[[], int | None]) -> None:

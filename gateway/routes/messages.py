@@ -1,0 +1,77 @@
+"""Anthropic's Messages API on a black-box trajectory: ``POST {base_url}/v1/messages``.
+
+Anthropic's SDK appends ``/v1/messages`` to its ``base_url``, so the ``base_url`` that
+``/init_trajectory`` hands out serves both SDKs as it is: ``openai.OpenAI(base_url=...)``
+calls ``{base_url}/chat/completions``, ``anthropic.Anthropic(base_url=...)``
+``{base_url}/v1/messages``. The call is served by the chat completions pipeline
+(``gateway.anthropic_messages``, ``gateway.anthropic_answers``). Its errors are
+Anthropic's (``{"type": "error", "error": {"type", "message"}}``, the same statuses),
+request validation included: the route's own class answers them, so no other route
+pays for it. Answers the gateway's middleware gives before any route runs (413 for a
+body over ``--max-body-bytes``, 503 while draining or shedding) keep OpenAI's body;
+Anthropic's SDK reports them by their status all the same. The API key is not asked:
+a ``base_url`` is its own capability (Anthropic's SDK sends its ``x-api-key``, ignored).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Coroutine
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from trajbus.gateway.anthropic_answers import MessagesCall, error_response
+from trajbus.gateway.anthropic_messages import conversation, engine_request
+from trajbus.gateway.anthropic_schemas import MessagesRequest
+from trajbus.gateway.chat import ChatCompletions
+from trajbus.gateway.errors import GatewayError, from_validation_error
+from trajbus.gateway.routes.blackbox import BASE
+from trajbus.gateway.routes.whitebox import PAUSED
+from trajbus.gateway.service import GatewayService
+
+log = logging.getLogger("trajbus.gateway")
+
+MESSAGES = BASE + "/v1/messages"
+
+
+class AnthropicErrors(APIRoute):
+    """A route whose errors are answered in Anthropic's shape (the app's handlers answer OpenAI's)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def answer(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                error = from_validation_error(exc)
+            except GatewayError as exc:
+                error = exc
+            except StarletteHTTPException as exc:
+                error = GatewayError(exc.status_code, str(exc.detail))
+            if error.status >= 500:
+                log.warning("request failed path=%s status=%d error=%s", request.url.path, error.status,
+                            error.message)
+            return error_response(error)
+
+        return answer
+
+
+def messages_router(service: GatewayService) -> APIRouter:
+    router = APIRouter(route_class=AnthropicErrors)
+    lifecycle, pacing = service.lifecycle, service.pacing
+    chat = ChatCompletions(service)
+
+    @router.post(MESSAGES, summary="Anthropic's Messages API (tool use, streaming) on a trajectory")
+    async def messages(trajectory_uid: str, prompt_uid: str, body: MessagesRequest,
+                       wait: float = Query(0.0, ge=0, le=service.settings.max_admission_wait, description=PAUSED)):
+        trajectory = lifecycle.get(trajectory_uid, prompt_uid)
+        pacing.touch(trajectory_uid)
+        messages = conversation(body)
+        call = await chat.prepare(trajectory, engine_request(body, messages), messages, wait, MessagesCall)
+        return await (call.stream() if body.stream else call.complete())
+
+    return router
