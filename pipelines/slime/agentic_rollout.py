@@ -62,6 +62,9 @@ class AgenticRollout:
         if self.ledger is not None and settings.settled_by != "worker":
             raise ValueError("trajbus_settled_by: the agentic rollout's groups are settled by the stream worker "
                              "that assembles them: set trajbus_settled_by: worker in the --custom-config-path YAML")
+        if settings.eval_channel == settings.channel:
+            raise ValueError(f"trajbus_eval_channel: {settings.eval_channel!r} is the training channel too; "
+                             f"evaluation groups need a channel of their own (the default: val)")
         self.bootstrap_servers = resolve_bootstrap_servers(settings.bootstrap_servers)
         agent = import_dotted(settings.agent_path, "trajbus_agent_path")
         if not callable(agent):

@@ -156,11 +156,13 @@ def test_the_agentic_settings_are_keys_of_the_custom_config_yaml(monkeypatch):
         SlimeSettings.from_args(None)
 
 
-def test_a_ledger_the_rollout_settles_is_refused_by_the_agentic_rollout(no_broker, tmp_path, monkeypatch):  # noqa: F811
+def test_a_ledger_the_rollout_settles_and_one_channel_for_both_are_refused(no_broker, tmp_path, monkeypatch):  # noqa: F811
     ledger = FakeLedger()
     ledger.topic, ledger.close = "t.prompts.train", lambda: None
     monkeypatch.setattr(SlimeSettings, "open_ledger", lambda settings, policy_version: ledger)
     source = SlimeDataSource(slime_args(tmp_path))
     with pytest.raises(ValueError, match="trajbus_settled_by: .* set trajbus_settled_by: worker"):
         agentic.generate_rollout(slime_args(tmp_path), 0, source)
+    with pytest.raises(ValueError, match="trajbus_eval_channel: 'train' is the training channel too"):
+        agentic.generate_rollout(argparse.Namespace(trajbus_eval_channel="train"), 0, object())
     assert not agentic._rollouts, "nothing started"
