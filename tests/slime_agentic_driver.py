@@ -35,6 +35,17 @@ def slow_calculator_agent(base_url: str, sample: Any, sampling: dict[str, Any]) 
     return calculator_agent(base_url, sample, sampling)
 
 
+_crashed: set[int] = set()
+
+
+def calculator_agent_crashing_once(base_url: str, sample: Any, sampling: dict[str, Any]) -> float:
+    """The calculator agent, but the first time it meets group 3 one agent crashes mid-trajectory."""
+    if sample.group_index == 3 and sample.index % 4 == 1 and 3 not in _crashed:
+        _crashed.add(3)
+        raise RuntimeError("the agent crashed")
+    return calculator_agent(base_url, sample, sampling)
+
+
 def every_fifth_group(args: Any, group: list[Any]) -> SimpleNamespace:
     """A dynamic-sampling filter (slime's ``DynamicFilterOutput`` shape): drops groups 0, 5, 10, ..."""
     return SimpleNamespace(keep=group[0].group_index % 5 != 0, reason="every_5th")

@@ -146,6 +146,7 @@ def test_agents_through_the_gateway_come_back_as_the_groups_the_worker_assembled
         stack, tmp_path, "slime", 40, rollout_batch_size=8, over_sampling_batch_size=10,
         hf_checkpoint=str(stack.tokenizer_path),
         dynamic_sampling_filter_path="tests.slime_agentic_driver:every_fifth_group",
+        trajbus_agent_path="tests.slime_agentic_driver:calculator_agent_crashing_once",
         eval_datasets=[SimpleNamespace(name="calc", path=str(eval_data), n_samples_per_eval_prompt=2)]))
     source = SlimeDataSource(args)
     try:
@@ -170,13 +171,17 @@ def test_agents_through_the_gateway_come_back_as_the_groups_the_worker_assembled
                 assert_the_trajectory(sample, trajectory, tokenizer)
                 tool_turns += len(trajectory) - 1
     assert tool_turns > 0, "some trajectories called the tool"
-    trained = [prompt_of(g[0].prompt_uid) for output in outputs for g in output.samples]
+    trained = [g[0].group_index for output in outputs for g in output.samples]
     assert len(set(trained)) == 16 and not any(offset % 5 == 0 for offset in trained), "each kept prompt once"
+    assert 3 in trained and sum(output.metrics.get("rollout/trajbus/groups_failed", 0) for output in outputs) == 1, \
+        "the group whose agent crashed was given up, and handed out again from the buffer"
     with PromptLedger(stack.servers, "slime", stack.prefix) as ledger:
         ledger.refresh()
         filtered = [prompt_of(uid) for uid in ledger.view.dispatched
                     if ledger.view.dropped_for(uid) == "filtered: every_5th"]
         handed_out = len(ledger.view.dispatched)
+        given_up = [uid for uid in ledger.view.dispatched if ledger.view.dropped_for(uid) == "abandoned"]
+    assert [prompt_of(uid) for uid in given_up] == [3] and ledger.view.reissued[given_up[0]].startswith("buffer/")
     drops = sum(output.metrics.get("rollout/dynamic_filter/drop_every_5th", 0) for output in outputs)
     assert drops == len(filtered) > 0 and all(offset % 5 == 0 for offset in filtered), \
         "each group the filter dropped counted in slime's metric and recorded with its reason"
