@@ -12,9 +12,12 @@ topic. A user starts rLLM's gateway with it, the agents unchanged::
     from trajbus.consumers.rllm import KafkaTraceStore
 
     store = KafkaTraceStore(bootstrap_servers="localhost:9092", channel="rllm")
-    app = create_app(GatewayConfig(workers=[WorkerConfig(url="http://localhost:8000/v1")]), store=store)
+    app = create_app(GatewayConfig(workers=[WorkerConfig(url="http://localhost:8000/v1")], sync_traces=True),
+                     store=store)
     uvicorn.run(app, host="0.0.0.0", port=9090)
 
+(``sync_traces=True``: rLLM stores a trace before answering its call; otherwise background tasks store
+traces in no set order, and a session's steps could reach the trainer out of order.)
 (rLLM's ``rllm-model-gateway`` command and its trainer's ``GatewayManager`` only know ``--store
 memory|sqlite``: the store is given through ``create_app``.) rLLM's gateway closes the store when it
 stops.

@@ -287,6 +287,8 @@ def test_two_backends_one_stopped_mid_run_every_request_succeeds(
             if turn == 2 and t is trajectories[0]:
                 second_process.stop()  # graceful: in-flight requests finish, new connections are refused
                 stopped.set()
+            elif turn == 2:  # every trajectory makes its later calls after the stop, however the threads ran
+                assert stopped.wait(120), "the second backend was never stopped"
             agent.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"What is {turn} + 2?"}],
                                           max_tokens=8, temperature=0)
         return calls_per_trajectory

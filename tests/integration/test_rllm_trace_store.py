@@ -162,7 +162,8 @@ def test_rllms_gateway_keeps_its_traces_on_trajbus(bootstrap_servers: str, prefi
     store = KafkaTraceStore(bootstrap_servers, prefix=prefix, timeout=20)
     engine = fake_vllm([([1, 2, 3], [4, 5]), ([1, 2, 3, 4, 5, 6], [7, 8])])
     with serving(engine) as engine_url:
-        with serving(create_app(GatewayConfig(workers=[WorkerConfig(url=f"{engine_url}/v1")]), store=store)) as url:
+        with serving(create_app(GatewayConfig(workers=[WorkerConfig(url=f"{engine_url}/v1")], sync_traces=True),
+                                    store=store)) as url:
             agent = openai.OpenAI(base_url=f"{url}/sessions/task-3:0/v1", api_key="unused")
             for turn in ("hi", "again"):
                 agent.chat.completions.create(model="m", messages=[{"role": "user", "content": turn}])
