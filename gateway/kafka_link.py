@@ -1,7 +1,8 @@
 """The gateway's one link to Kafka: the acknowledged producer, the policy versions, the outage watch.
 
 The link connects in a background thread, so the HTTP server answers (``/ready``
-says what is missing) before Kafka does, and retries until it is connected.
+says what is missing) before Kafka does, and retries with backoff until it is connected,
+for up to ``--broker-outage-limit`` seconds (then the gateway exits non-zero, as in an outage).
 Publishing awaits the broker's acknowledgement on the event loop (no thread is
 held while it waits), so a 200 still means the broker has the record; a record it did not take is a 503 that says what a
 retry does.
@@ -23,6 +24,7 @@ from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.clients import cluster_metadata
 from trajbus.infra.kafka_config import authentication_failure, connection_properties, explain, redacted
 from trajbus.infra.outage import OutageWatch
+from trajbus.infra.retry import Stopped, retrying
 from trajbus.infra.topics import admin_client
 from trajbus.streams.policy import PolicyWatcher
 from trajbus.streams.producer import DeliveryError, StepProducer, TopicsUnavailable
@@ -63,31 +65,46 @@ class KafkaLink:
 
     def _connect(self) -> None:
         """Resolve the broker, provision the default (and declared) channels, read the channels there are,
-        follow the policy topic; retry until done."""
-        while not self._stop.is_set():
-            servers, producer = None, None
-            try:
-                servers = resolve_bootstrap_servers(self.settings.bootstrap_servers)
-                producer = StepProducer(servers, prefix=self.settings.prefix, timeout=self.settings.publish_timeout)
-                for channel in self.channels.provisioned_at_start:
-                    producer.provision(channel)
-                admin = admin_client(servers)
-                self.channels.connect(lambda: cluster_metadata(admin, TOPICS_LIST_TIMEOUT).topics)
-                self.policy = PolicyWatcher(servers, prefix=self.settings.prefix)
-                self._on_connected(servers)
-                self.producer, self.error, self.bootstrap_servers = producer, None, servers
-                log.info("kafka producer ready bootstrap=%s prefix=%s channels=%s connection=%s", servers,
-                         self.settings.prefix, ",".join(self.channels.known()), redacted(connection_properties()))
-                self.outage = OutageWatch(servers, self.settings.broker_outage_limit, self._give_up,
-                                          what="gateway (calls are answered 503)").start()
-                return
-            except Exception as exc:  # reported by /ready; retried
-                if producer is not None:
-                    producer.close()
-                refused = authentication_failure(servers)
-                self.error = explain(exc) if refused else f"Kafka not reachable: {exc}"
-                log.warning("kafka connect failed, retrying: %s", self.error)
-                self._stop.wait(2.0)
+        follow the policy topic. Retried with backoff (``infra.retry``) for up to ``--broker-outage-limit``
+        seconds, as an outage once connected is; past it the gateway gives up for a supervisor."""
+        limit = self.settings.broker_outage_limit
+        try:
+            for attempt in retrying(limit, log, "kafka connect", stop=self._stop):
+                with attempt:
+                    self._connect_once()
+        except Stopped:
+            return
+        except Exception:  # the last try's error is in self.error, which /ready said all along
+            if not self._stop.is_set():
+                self._give_up(f"Kafka not connected for {limit:g}s (--broker-outage-limit): {self.error}; "
+                              "exiting for a supervisor to restart it")
+            return
+        if self._stop.is_set():
+            return
+        log.info("kafka producer ready bootstrap=%s prefix=%s channels=%s connection=%s", self.bootstrap_servers,
+                 self.settings.prefix, ",".join(self.channels.known()), redacted(connection_properties()))
+        self.outage = OutageWatch(self.bootstrap_servers, limit, self._give_up,
+                                  what="gateway (calls are answered 503)").start()
+
+    def _connect_once(self) -> None:
+        """One try of ``_connect``; its failure is what ``/ready`` says."""
+        servers, producer = None, None
+        try:
+            servers = resolve_bootstrap_servers(self.settings.bootstrap_servers)
+            producer = StepProducer(servers, prefix=self.settings.prefix, timeout=self.settings.publish_timeout)
+            for channel in self.channels.provisioned_at_start:
+                producer.provision(channel)
+            admin = admin_client(servers)
+            self.channels.connect(lambda: cluster_metadata(admin, TOPICS_LIST_TIMEOUT).topics)
+            self.policy = PolicyWatcher(servers, prefix=self.settings.prefix)
+            self._on_connected(servers)
+            self.producer, self.error, self.bootstrap_servers = producer, None, servers
+        except Exception as exc:  # reported by /ready; retried
+            if producer is not None:
+                producer.close()
+            refused = authentication_failure(servers)
+            self.error = explain(exc) if refused else f"Kafka not reachable: {exc}"
+            raise
 
     def close(self) -> None:
         """Stop connecting and watching; flush and close the producer."""

@@ -11,7 +11,6 @@ the new ones. Only ``grow_partitions`` raises one (``trajbus topics --create --s
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Collection, Iterator
 
@@ -223,29 +222,37 @@ _LEADERLESS = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILA
                KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._TIMED_OUT)
 
 
+class _Leaderless(KafkaException):
+    """A partition without a leader yet (one being elected): asked again, quietly."""
+
+
+class _NoLeadersYet(RuntimeError):
+    """A new topic's partitions have no leaders yet: asked again, quietly."""
+
+
 def _wait_for_leaders(admin: AdminClient, names: list[str], timeout: float) -> None:
-    """A created topic is usable once every partition has a leader; wait for that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        topics = cluster_metadata(admin, timeout).topics
-        if all(name in topics and topics[name].error is None and topics[name].partitions
-               and all(p.leader >= 0 for p in topics[name].partitions.values()) for name in names):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"topics {names} have no leaders after {timeout}s")
-        time.sleep(0.1)
+    """A created topic is usable once every partition has a leader; wait for that (``infra.retry``)."""
+    for attempt in retrying(timeout, log, "waiting for the leaders of new topics", transient=(_NoLeadersYet,),
+                            level=logging.DEBUG, first_wait=0.05):
+        with attempt:
+            topics = cluster_metadata(admin, timeout).topics
+            if not all(name in topics and topics[name].error is None and topics[name].partitions
+                       and all(p.leader >= 0 for p in topics[name].partitions.values()) for name in names):
+                raise _NoLeadersYet(f"topics {names} have no leaders after {timeout}s")
 
 
 def watermarks(probe: Consumer, partition: TopicPartition, timeout: float) -> tuple[int, int]:
     """Log start and end offsets; retried while a new partition's leader is being elected."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return probe.get_watermark_offsets(partition, timeout=timeout)
-        except KafkaException as exc:
-            if exc.args[0].code() not in _LEADERLESS or time.monotonic() > deadline:
+    for attempt in retrying(timeout, log, f"watermarks of {partition.topic}[{partition.partition}]",
+                            transient=(_Leaderless,), level=logging.DEBUG, first_wait=0.05):
+        with attempt:
+            try:
+                return probe.get_watermark_offsets(partition, timeout=timeout)
+            except KafkaException as exc:
+                if exc.args[0].code() in _LEADERLESS:
+                    raise _Leaderless(*exc.args) from None
                 raise
-            time.sleep(0.1)
+    raise AssertionError("unreachable: the retry returns or raises")
 
 
 def describe_topics(bootstrap_servers: str, names: list[str] | None = None, prefix: str | None = None,

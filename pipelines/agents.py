@@ -21,6 +21,7 @@ from typing import Any, Callable
 import httpx
 
 from trajbus.gateway import tool_calls
+from trajbus.infra.retry import RetryLater, retrying_when_told
 from trajbus.pipelines.envs import Feedback, Observation
 
 
@@ -54,13 +55,18 @@ class GatewayAgent:
         self._stopped = threading.Event()
 
     def _post(self, url: str, **kwargs: Any) -> dict[str, Any]:
-        while True:
-            response = self.http.post(url, **kwargs)
-            if response.status_code != 429:
-                break
-            self.refusals += 1  # paced: wait as told, then ask again
-            if self._stopped.wait(float(response.headers.get("retry-after", 1))):
-                raise AgentStopped(f"stopped while {url} was refused: {response.json()['error']['message']}")
+        """POST, paced: a 429 is asked again after its ``Retry-After`` (``infra.retry``) until admitted or
+        stopped (``AgentStopped``)."""
+        try:
+            for attempt in retrying_when_told(self._stopped):
+                with attempt:
+                    response = self.http.post(url, **kwargs)
+                    if response.status_code == 429:
+                        self.refusals += 1  # paced: wait as told, then ask again
+                        raise RetryLater(response.json()["error"]["message"],
+                                         float(response.headers.get("retry-after", 1)))
+        except RetryLater as refusal:
+            raise AgentStopped(f"stopped while {url} was refused: {refusal}") from None
         if response.status_code != 200:
             raise RuntimeError(f"POST {url} -> {response.status_code}: {response.text[:500]}")
         return response.json()
