@@ -24,8 +24,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.topics import watermarks
 from trajbus.infra.clients import acked_producer, trainer_consumer
-from trajbus.infra.kafka_config import KafkaUnreachable, error_words
-from trajbus.infra.outage import CONNECT_TIMEOUT, first_contact
+from trajbus.infra.kafka_config import KafkaUnreachable
+from trajbus.infra.outage import CONNECT_TIMEOUT, OutageWatch, first_contact
 from trajbus.infra.retry import retrying
 from trajbus.consumers import metrics
 from trajbus.consumers.backends import TrainingBackend
@@ -94,6 +94,10 @@ class BatchConsumer:
         """Seconds the first fetch waits for a cluster never reached before ``ClusterNotReached``."""
         self._contacted = False
         self._last_contact = time.monotonic()
+        self._outage = None if outage_limit is None else OutageWatch(
+            self.bootstrap_servers, outage_limit, what="trainer", setting="outage_limit", consequence=None,
+            reachable=self._reachable)
+        """The outage rule, asked while fetches wait (``_check_contact``); no thread of its own."""
         self.keep = keep
         """Which groups (by ``prompt_uid``) this consumer hands out; the others are passed over."""
         self.fetched_bytes = 0
@@ -161,21 +165,26 @@ class BatchConsumer:
             if not self._held:  # a skipped record moves the position only if no group waits before it
                 self._positions[message.partition()] = message.offset() + 1
 
-    def _check_contact(self, deadline: float | None, every: float = 5.0) -> None:
-        """While nothing arrives, ask the broker every few seconds whether it is there: the trainer rides
-        through an outage (librdkafka reconnects) and gets ``KafkaUnreachable`` past ``outage_limit``.
-        The question waits no later than the fetch's ``deadline`` (a second at least)."""
-        quiet = time.monotonic() - self._last_contact
-        if self.outage_limit is None or quiet < every:
+    def _check_contact(self, deadline: float | None) -> None:
+        """While nothing arrives, ask the broker every few seconds whether it is there, by the one outage
+        rule (``infra.outage.OutageWatch``): the trainer rides through an outage (librdkafka reconnects)
+        and gets ``KafkaUnreachable`` past ``outage_limit``. The question waits no later than the fetch's
+        ``deadline`` (a second at least)."""
+        if self._outage is None or time.monotonic() - self._last_contact < self._outage.interval:
             return
-        wait = every if deadline is None else min(every, max(1.0, deadline - time.monotonic()))
+        every = self._outage.interval
+        reason = self._outage.check(every if deadline is None else min(every, max(1.0, deadline - time.monotonic())))
+        self._last_contact = time.monotonic()
+        if reason is not None:
+            raise KafkaUnreachable(f"{reason}: no broker of {self.bootstrap_servers} answers")
+
+    def _reachable(self, timeout: float) -> bool:
+        """The outage rule's probe: a metadata request of this consumer's own."""
         try:
-            self._consumer.list_topics(self.topic, timeout=wait)
-            self._last_contact = time.monotonic()
-        except KafkaException as exc:
-            if quiet > self.outage_limit:
-                raise KafkaUnreachable(f"Kafka at {self.bootstrap_servers} unreachable for {quiet:.0f}s "
-                                       f"(outage_limit {self.outage_limit:g}): {error_words(exc)}") from None
+            self._consumer.list_topics(self.topic, timeout=timeout)
+            return True
+        except KafkaException:
+            return False
 
     def fetch_dataproto(self, n_groups: int, timeout: float | None = None,
                         current_version: int | None = None) -> Any | None:

@@ -9,10 +9,10 @@ probe of its own (one metadata request a second, only while in doubt) confirms i
 outage is logged once at WARNING, naming the bootstrap servers; when the probe is answered
 again, once at INFO with its duration. The attempts themselves are DEBUG records.
 
-``OutageWatch`` is for components that ride through outages up to a limit (worker,
-gateway): it probes every few seconds even when no client is busy, reports to the same
-``ClusterOutage``, and past ``limit`` seconds calls ``on_limit`` once, after which the
-component exits non-zero with one line.
+``OutageWatch`` is the one rule for riding through outages up to a limit (worker, gateway,
+the trainer's ``BatchConsumer``): a probe every few seconds, even when no client is busy,
+reports to the same ``ClusterOutage``, and past ``limit`` seconds the component gives up
+(a service exits non-zero with one line, a trainer's fetch raises ``KafkaUnreachable``).
 
 A cluster no client of this process has reached yet is not in an outage: it may be a wrong
 address. ``first_contact`` (a producer's first call, a consumer's first fetch, the CLI's
@@ -254,19 +254,29 @@ def first_contact(servers: str, timeout: float = CONNECT_TIMEOUT) -> None:
 
 
 class OutageWatch:
-    """Probes every ``interval`` s from a thread of its own; past ``limit`` s unreachable, ``on_limit`` once.
-    The interval is at most a quarter of the limit, so a component gives up within ~1.25x its limit."""
+    """The one rule of riding through an outage: the cluster is down from the first unanswered probe (or
+    from when ``ClusterOutage`` confirmed it), and past ``limit`` seconds the component gives up.
 
-    def __init__(self, bootstrap_servers: str, limit: float, on_limit: Callable[[str], None],
-                 interval: float = 5.0, what: str = "component") -> None:
+    A component probes every ``interval`` s from a thread of its own (``start``; past the limit,
+    ``on_limit`` once); a client that polls anyway (the trainer's ``BatchConsumer``) asks itself, with
+    ``check``, through a probe of its own (``reachable``). The interval is at most a quarter of the
+    limit, so a component gives up within ~1.25x its limit."""
+
+    def __init__(self, bootstrap_servers: str, limit: float, on_limit: Callable[[str], None] | None = None,
+                 interval: float = 5.0, what: str = "component", setting: str = "--broker-outage-limit",
+                 consequence: str | None = "exiting for a supervisor to restart it",
+                 reachable: Callable[[float], bool] | None = None) -> None:
         from trajbus.infra.clients import reader  # clients -> kafka_config -> this module
 
-        self.limit, self.what = limit, what
+        self.limit, self.what, self.setting, self.consequence = limit, what, setting, consequence
         self.interval = min(interval, max(0.5, limit / 4))
         self.down_since: float | None = None
         self._on_limit = on_limit
         self._cluster = cluster_outage(bootstrap_servers)
-        self._probe = reader(bootstrap_servers, {"logger": log, "log_level": 0, "error_cb": _ignore})
+        self._probe = None
+        if reachable is None:
+            self._probe = reader(bootstrap_servers, {"logger": log, "log_level": 0, "error_cb": _ignore})
+        self._reachable = reachable or self._answers
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kafka-outage-watch", daemon=True)
 
@@ -274,31 +284,42 @@ class OutageWatch:
         self._thread.start()
         return self
 
-    def _reachable(self) -> bool:
+    def _answers(self, timeout: float) -> bool:
         try:
-            self._probe.list_topics(timeout=self.interval)
+            self._probe.list_topics(timeout=timeout)
             return True
         except KafkaException:
             return False
 
+    def check(self, timeout: float | None = None) -> str | None:
+        """One probe (answered within ``timeout``, default the interval): None while the cluster answers or
+        its outage is within the limit; else why the component gives up."""
+        asked = time.time()
+        if self._reachable(self.interval if timeout is None else timeout):
+            self._cluster.reached()
+            self.down_since = None
+            return None
+        self._cluster.failed()
+        if self.down_since is None:  # unanswered since the probe was sent, or since a client lost it
+            self.down_since = min(asked, self._cluster.down_since or asked)
+            log.info("the %s rides through the Kafka outage for up to %gs", self.what, self.limit)
+        down = time.time() - self.down_since
+        if down <= self.limit:
+            return None
+        reason = f"Kafka unreachable for {down:.0f}s ({self.setting} {self.limit:g})"
+        return f"{reason}; {self.consequence}" if self.consequence else reason
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            asked = time.time()
-            if self._reachable():
-                self._cluster.reached()
-                self.down_since = None
-                continue
-            self._cluster.failed()
-            if self.down_since is None:  # unanswered since the probe was sent, or since a client lost it
-                self.down_since = min(asked, self._cluster.down_since or asked)
-                log.info("the %s rides through the Kafka outage for up to %gs", self.what, self.limit)
-            if time.time() - self.down_since > self.limit:
-                self._on_limit(f"Kafka unreachable for {time.time() - self.down_since:.0f}s "
-                               f"(--broker-outage-limit {self.limit:g}); exiting for a supervisor to restart it")
+            reason = self.check()
+            if reason is not None:
+                if self._on_limit is not None:
+                    self._on_limit(reason)
                 return
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(2 * self.interval)
-        self._probe.close()
+        if self._probe is not None:
+            self._probe.close()
