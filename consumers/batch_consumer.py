@@ -25,7 +25,7 @@ from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.topics import watermarks
 from trajbus.infra.clients import acked_producer, trainer_consumer
 from trajbus.infra.kafka_config import KafkaUnreachable
-from trajbus.infra.outage import CONNECT_TIMEOUT, OutageWatch, first_contact
+from trajbus.infra.outage import CONNECT_TIMEOUT, OUTAGE_LIMIT, OutageWatch, first_contact
 from trajbus.infra.retry import retrying
 from trajbus.consumers import metrics
 from trajbus.consumers.backends import TrainingBackend
@@ -57,7 +57,7 @@ class BatchConsumer:
         prefix: str = DEFAULT_PREFIX,
         group_id: str | None = None,
         backend: TrainingBackend | None = None,
-        outage_limit: float | None = 120.0,
+        outage_limit: float | None = OUTAGE_LIMIT,
         keep: Callable[[str], bool] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -278,7 +278,7 @@ class BatchConsumer:
         good (librdkafka #5586; seen on a fresh 3-node cluster)."""
         unknown = [TopicPartition(self.topic, p) for p in partitions if p not in self._positions]
         committed: dict[int, int] = {}
-        for attempt in retrying(self.outage_limit or 120.0, log, f"committed offsets of {self.group_id}"):
+        for attempt in retrying(self.outage_limit or OUTAGE_LIMIT, log, f"committed offsets of {self.group_id}"):
             with attempt:
                 for tp in self._consumer.committed(unknown, timeout=10) if unknown else []:
                     if tp.error is not None:

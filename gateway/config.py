@@ -23,6 +23,7 @@ from trajbus.infra.arguments import positive_float, positive_int
 from trajbus.infra.declared import add_flags, missing_flags, resolve, setting
 from trajbus.infra.kafka_config import add_connection_arguments
 from trajbus.infra.paths import trajbus_cache_dir
+from trajbus.infra.shared_settings import outage_limit_setting
 from trajbus.streams.topics import DEFAULT_PREFIX, channel_setting, validate_channel
 
 DEFAULT_PORT = 8100
@@ -149,10 +150,7 @@ class GatewaySettings:
         30.0, parse=positive_float,
         help="seconds the broker has to acknowledge a call's steps (and to check a channel's topics at its first "
              "call) before a 503")
-    broker_outage_limit: float = setting(
-        120.0, parse=positive_float,
-        help="seconds Kafka may be unreachable (calls are answered 503 meanwhile) before the gateway exits "
-             "non-zero for a supervisor")
+    broker_outage_limit: float = outage_limit_setting("gateway", "calls are answered 503 meanwhile")
     engine_streaming: str = setting(
         "always", choices=ENGINE_STREAMING,
         help="'always': every call streams from the engine, so a weight update (POST /admin/pause) can cut it and "

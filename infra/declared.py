@@ -123,27 +123,46 @@ def setting_value(cls: type, name: str, text: str, what: str = "setting") -> Any
         raise ValueError(f"{name}: {exc}") from None
 
 
+def _flag_options(f: dataclasses.Field, declared: Declared, hint: Any, shown: str) -> dict[str, Any]:
+    """argparse's options of one declared field: its help (ending in ``shown``), its value's parsing."""
+    options: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
+                               "help": f"{declared.help} ({shown})".replace("%", "%%")}
+    if hint is bool:
+        options["action"] = argparse.BooleanOptionalAction
+        return options
+
+    def parse(value: str, f: dataclasses.Field = f, hint: Any = hint) -> Any:
+        try:
+            return parse_text(f, hint, value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = f.name  # argparse names the type in its error
+    options.update(type=parse, action="append" if declared.repeat else "store")
+    options["metavar"] = "{" + ",".join(declared.choices) + "}" if declared.choices else None
+    return options
+
+
+def _shown_default(f: dataclasses.Field) -> str:
+    default = default_of(f)
+    return "required" if is_required(f) else f"default: {'off' if default is None else default}"
+
+
 def add_flags(parser: argparse.ArgumentParser | Any, cls: type, env_prefix: str) -> None:
     """A flag per declared field of ``cls`` on ``parser`` (or an argument group); an absent flag leaves
     the field to ``resolve``."""
     for f, declared, hint in declared_fields(cls):
-        default = default_of(f)
-        shown = "required" if is_required(f) else f"default: {'off' if default is None else default}"
-        text = f"{declared.help} ({shown}; ${env_var(env_prefix, f.name)})".replace("%", "%%")
-        options: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": text}
-        if hint is bool:
-            options["action"] = argparse.BooleanOptionalAction
-        else:
-            def parse(value: str, f: dataclasses.Field = f, hint: Any = hint) -> Any:
-                try:
-                    return parse_text(f, hint, value)
-                except ValueError as exc:
-                    raise argparse.ArgumentTypeError(str(exc)) from None
+        shown = f"{_shown_default(f)}; ${env_var(env_prefix, f.name)}"
+        parser.add_argument(flag_of(f), **_flag_options(f, declared, hint, shown))
 
-            parse.__name__ = f.name  # argparse names the type in its error
-            options.update(type=parse, action="append" if declared.repeat else "store")
-            options["metavar"] = "{" + ",".join(declared.choices) + "}" if declared.choices else None
-        parser.add_argument(flag_of(f), **options)
+
+def add_flag(parser: argparse.ArgumentParser | Any, cls: type, name: str) -> None:
+    """The flag of one declared field of ``cls``, for a command that reads it without the class (``trajbus
+    stats --prefix``): absent, it holds the field's default; no environment variable."""
+    f, declared, hint = _known((cls,))[name]
+    options = _flag_options(f, declared, hint, _shown_default(f))
+    options["default"] = default_of(f)
+    parser.add_argument(flag_of(f), **options)
 
 
 def resolve(cls: type, args: argparse.Namespace, env_prefix: str,

@@ -44,6 +44,11 @@ QUIET = 30.0
 """Probing stops once no client reported a failure for this long (they were all closed, or none polls):
 the outage stays open, without a line, until a client reports again."""
 
+OUTAGE_LIMIT = 120.0
+"""Seconds a component rides through an outage before it gives up, unless told otherwise
+(``--broker-outage-limit``, ``BatchConsumer(outage_limit=)``): a broker's restart or a leader election
+with room, while a cluster that stays away is still told within minutes."""
+
 CONNECT_TIMEOUT = 10.0
 """How long a first contact waits for a cluster no client of this process has reached: a broker that
 is up answers in milliseconds, one starting has these seconds, a wrong address is told after them."""

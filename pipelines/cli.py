@@ -16,7 +16,7 @@ from confluent_kafka import KafkaException
 
 from trajbus.infra.arguments import positive_float, positive_int
 from trajbus.infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
-from trajbus.infra.declared import add_flags, resolve, setting_value
+from trajbus.infra.declared import add_flag, add_flags, resolve, setting_value
 from trajbus.infra.kafka_broker import BrokerError
 from trajbus.infra.kafka_config import (KafkaConfigError, KafkaUnreachable, add_connection_arguments,
                                         apply_connection_arguments, authentication_failure, explain)
@@ -27,7 +27,7 @@ from trajbus.pipelines.broker_command import BrokerUsageError, add_broker_parser
 from trajbus.infra.topics import ReplicationError, consumer_groups_lag, describe_topics, ensure_topics
 from trajbus.streams.settings import ENV_PREFIX as WORKER_ENV
 from trajbus.streams.settings import ChannelSettings, WorkerSettings
-from trajbus.streams.topics import (DEFAULT_CHANNELS, DEFAULT_PREFIX, TopicSettings, channel_setting, chunks_topic,
+from trajbus.streams.topics import (DEFAULT_CHANNELS, TopicSettings, channel_setting, chunks_topic,
                                     groups_topic, steps_topic, validate_channel)
 
 EXIT_USAGE = 2
@@ -258,9 +258,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # -- parser ---------------------------------------------------------------------
 
+def _add_prefix(parser: argparse.ArgumentParser) -> None:
+    """``--prefix``, declared once (``GatewaySettings.prefix``): every command names the same topics."""
+    from trajbus.gateway.config import GatewaySettings
+
+    add_flag(parser, GatewaySettings, "prefix")
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     add_connection_arguments(parser)
-    parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)")
+    _add_prefix(parser)
     parser.add_argument("--steps-partitions", type=positive_int, default=None,
                         help=f"partitions of each steps topic (default: {TopicSettings.steps_partitions}); "
                              "`topics --create` raises an existing topic's count only when given")
@@ -298,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     stats = sub.add_parser("stats", help="statistics of the stream workers, per channel")
     add_connection_arguments(stats)
-    stats.add_argument("--prefix", default=DEFAULT_PREFIX)
+    _add_prefix(stats)
     stats.add_argument("--json", action="store_true", help="machine-readable output")
     stats.add_argument("--workers", action="store_true",
                        help="also one line per live worker: the steps partitions it holds (in --json: always)")
@@ -330,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     replay = sub.add_parser("replay", help="replay a channel's history (a window, some policy versions)")
     add_connection_arguments(replay)
-    replay.add_argument("--prefix", default=DEFAULT_PREFIX)
+    _add_prefix(replay)
     replay.add_argument("--channel", required=True, help="the channel whose history is replayed")
     replay.add_argument("--source", choices=["groups", "steps"], default="groups",
                         help="groups: a straight read; steps: re-assembled by a worker on --into's settings")
