@@ -22,6 +22,8 @@ from typing import Any, Awaitable, Callable, Iterable
 import faust
 
 from trajbus.streams.periodic import every
+from trajbus.streams.settings import WorkerSettings
+from trajbus.streams.stats import WorkerMetrics
 from trajbus.streams.topics import channel_of, steps_topic
 
 log = logging.getLogger("trajbus.worker")
@@ -98,14 +100,13 @@ def held_by_channel(app: faust.App, prefix: str, channels: Iterable[str]) -> dic
     return held
 
 
-def watch_assignment(app: faust.App, assembler: Any) -> AssignmentWatch:
-    """Wire a watch over the steps topics and the table's changelog into ``app``; the worker's
-    ``trajbus_worker_partitions_held`` and ``trajbus_worker_group_rejoins`` follow it."""
-    settings, metrics = assembler.settings, assembler.metrics
+def watch_assignment(app: faust.App, settings: WorkerSettings, metrics: WorkerMetrics,
+                     changelog: str) -> AssignmentWatch:
+    """Wire a watch over the steps topics and the table's changelog (``changelog``) into ``app``; the
+    worker's ``trajbus_worker_partitions_held`` and ``trajbus_worker_group_rejoins`` follow it."""
     prefix = settings.topics.prefix
     topics = [steps_topic(channel, prefix) for channel in settings.channels]
-    watch = AssignmentWatch([*topics, assembler.state.changelog_topic.get_topic_name()],
-                            settings.unassigned_timeout)
+    watch = AssignmentWatch([*topics, changelog], settings.unassigned_timeout)
 
     @app.on_partitions_revoked.connect
     async def forget_assignment(app: faust.App, revoked: set, **kwargs: Any) -> None:

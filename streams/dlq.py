@@ -2,12 +2,16 @@
 
 Every component that cannot process a record writes it to ``{prefix}.dlq`` with
 these headers instead of dropping it, so nothing malformed disappears silently.
+A letter is built and told in one place (``DeadLetter``); clients that read with
+confluent-kafka write it with ``dead_letter``, the worker through its outbox
+(``streams.outbox.Outbox.dead_letter``): the same record and log line either way.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from trajbus.streams.delivery import produce_acked
@@ -19,9 +23,10 @@ SOURCE_PARTITION = "trajbus-dlq-source-partition"
 SOURCE_OFFSET = "trajbus-dlq-source-offset"
 AT = "trajbus-dlq-at"
 
+Headers = list[tuple[str, bytes]]
 
-def dlq_headers(original: list[tuple[str, bytes]] | dict | None, reason: str, topic: str, partition: int,
-                offset: int) -> list[tuple[str, bytes]]:
+
+def dlq_headers(original: Headers | dict | None, reason: str, topic: str, partition: int, offset: int) -> Headers:
     """The original headers followed by the DLQ headers."""
     if isinstance(original, dict):
         headers = list(original.items())
@@ -36,11 +41,43 @@ def dlq_headers(original: list[tuple[str, bytes]] | dict | None, reason: str, to
     ]
 
 
+@dataclass(frozen=True)
+class DeadLetter:
+    """One record for ``{prefix}.dlq``: its key and value as received (a value may be left out, as for a
+    group too large to carry), why, and where it came from."""
+
+    key: bytes | None
+    value: bytes | None
+    reason: str
+    topic: str
+    partition: int
+    offset: int
+    original_headers: Headers | dict | None = None
+
+    @property
+    def headers(self) -> Headers:
+        return dlq_headers(self.original_headers, self.reason, self.topic, self.partition, self.offset)
+
+    @property
+    def kind(self) -> str:
+        """The reason's first word (``undecodable: ...`` -> ``undecodable``): a metric label."""
+        return self.reason.split(":", 1)[0]
+
+    def tell(self, log: logging.Logger) -> None:
+        log.warning("dlq topic=%s partition=%d offset=%d reason=%s", self.topic, self.partition, self.offset,
+                    self.reason)
+
+
+def letter_of(message: Any, reason: str) -> DeadLetter:
+    """The letter of a record read with confluent-kafka (``message``)."""
+    return DeadLetter(message.key(), message.value(), reason, message.topic(), message.partition(), message.offset(),
+                      message.headers())
+
+
 def dead_letter(producer: Any, prefix: str, message: Any, reason: str, log: logging.Logger,
                 timeout: float = 30.0) -> None:
     """Copy a record read with confluent-kafka (``message``) to ``{prefix}.dlq`` with why and where from,
     acknowledged, and say so in a log line."""
-    headers = dlq_headers(message.headers(), reason, message.topic(), message.partition(), message.offset())
-    produce_acked(producer, dlq_topic(prefix), [(message.key(), message.value(), headers)], timeout)
-    log.warning("dlq topic=%s partition=%d offset=%d reason=%s",
-                message.topic(), message.partition(), message.offset(), reason)
+    letter = letter_of(message, reason)
+    produce_acked(producer, dlq_topic(prefix), [(letter.key, letter.value, letter.headers)], timeout)
+    letter.tell(log)

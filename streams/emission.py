@@ -5,7 +5,7 @@
   behind the table;
 - each emitted group carries its source partition and offset in headers, and
   the table keeps a per-partition watermark of the groups-topic offsets it has
-  recorded (``advance_watermark``), which recovery reads past (``streams.recovery``);
+  recorded (``AssemblyState.advance_watermark``), which recovery reads past (``streams.recovery``);
 - the group record is built from the steps as stored (schema v2 deltas are kept as
   they are, ``prefix.regroup``): no prompt is rebuilt, so emitting costs the group's
   distinct tokens;
@@ -14,28 +14,33 @@
   steps are gone or inconsistent, is dropped with its reason and assembly of every
   other group goes on;
 - every outcome is written to the channel's prompt ledger (``streams.ledger``), acknowledged,
-  before the table records it, so a data source resuming from the ledger never misses one;
+  before the table records it (``streams.settlement``), so a data source resuming from the
+  ledger never misses one;
   a group its data source abandons is dropped here, in step order, unless already emitted.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from typing import Any, Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
 from trajbus.streams import chunks, codec, ledger
 from trajbus.streams.assembly import PendingGroup
-from trajbus.streams.dlq import dlq_headers
+from trajbus.streams.bodies import StepBodies
+from trajbus.streams.direct_reads import SOURCE_OFFSET, SOURCE_PARTITION
+from trajbus.streams.dlq import DeadLetter
 from trajbus.streams.filters import judge
-from trajbus.streams.parts import AssemblerParts
+from trajbus.streams.outbox import Placed, Sends
 from trajbus.streams.prefix import PrefixError, StepDelta, regroup, resolve_group
 from trajbus.streams.records import ChunkedGroup, ReadyGroup, TrajectoryEnd
-from trajbus.streams.state_keys import SOURCE_OFFSET, SOURCE_PARTITION, StateKey
-from trajbus.streams.topics import chunks_topic, steps_topic
+from trajbus.streams.settings import WorkerSettings
+from trajbus.streams.settlement import Settlement
+from trajbus.streams.state_store import AssemblyState
+from trajbus.streams.stats import WorkerMetrics
+from trajbus.streams.topics import steps_topic
 
 log = logging.getLogger("trajbus.worker")
 
@@ -45,15 +50,26 @@ PREFIX_MISMATCH = "prefix_mismatch"
 DROP_TIMEOUT = "timeout"
 
 
-class GroupEmission(AssemblerParts):
-    """The emitting half of ``streams.app.GroupAssembler``: a mixin, the assembler's parts it uses
-    declared in ``AssemblerParts`` and below (and its ``current_version``)."""
+class Emission(Protocol):
+    """What the assembler asks of emission: a group is ready, timed out, or abandoned by its data source."""
 
-    filters: dict[str, Callable | None]
-    outputs: dict[str, Any]
-    chunk_outputs: dict[str, Any]
-    ledgers: dict[str, Any]
-    dlq: Any
+    async def finish(self, partition: int, group: PendingGroup, status: str) -> None: ...
+
+    async def time_out(self, partition: int, group: PendingGroup) -> None: ...
+
+    async def abandon(self, partition: int, channel: str, end: TrajectoryEnd, offset: int) -> None: ...
+
+
+class GroupEmission:
+    """Decides and writes each group's end: emitted (acknowledged) or dropped with its reason, then settled."""
+
+    def __init__(self, settings: WorkerSettings, metrics: WorkerMetrics, state: AssemblyState, bodies: StepBodies,
+                 sends: Sends, settlement: Settlement, filters: dict[str, Callable | None],
+                 current_version: Callable[[str], int | None]) -> None:
+        """``filters``: each channel's user group filter (None: none); ``current_version(channel)``: the
+        policy version on the policy topic (None: none seen)."""
+        self.settings, self.metrics, self.state, self.bodies = settings, metrics, state, bodies
+        self.sends, self.settlement, self.filters, self.current_version = sends, settlement, filters, current_version
 
     async def finish(self, partition: int, group: PendingGroup, status: str) -> None:
         """Filter, emit (acknowledged), then record the outcome; the pending state goes."""
@@ -91,7 +107,7 @@ class GroupEmission(AssemblerParts):
         # Marker before watermark: both go to one changelog partition, in order, so
         # a recovered watermark always implies the markers of the groups below it.
         await self.settle(partition, group, "emitted", (groups_partition, offset))
-        self.advance_watermark(partition, channel, groups_partition, offset)
+        self.state.advance_watermark(partition, channel, groups_partition, offset)
 
     async def time_out(self, partition: int, group: PendingGroup) -> None:
         """Past its channel's ``group_timeout``: emitted as partial with ``min_rollouts`` complete, else dropped."""
@@ -124,21 +140,18 @@ class GroupEmission(AssemblerParts):
         channel = group.channel
         reason = (f"{TOO_LARGE}: group of {size} bytes ({len(ready.trajectory_uids)} trajectories, "
                   f"{len(ready.steps)} steps) exceeds max_group_bytes {self.settings.channel(channel).max_group_bytes}")
-        headers = dlq_headers(codec.headers_for(ready), reason, steps_topic(channel, self.prefix), partition,
-                              group.last_offset)
-        await (await self.dlq.send(key=ready.prompt_uid.encode(), value=None, headers=headers))
-        self.metrics.dlq.labels(channel, TOO_LARGE).inc()
+        await self.sends.dead_letter(channel, DeadLetter(ready.prompt_uid.encode(), None, reason,
+                                                         steps_topic(channel, self.settings.topics.prefix),
+                                                         partition, group.last_offset, codec.headers_for(ready)))
         self.metrics.dropped.labels(channel, TOO_LARGE).inc()
         log.warning("group dropped channel=%s prompt_uid=%s reason=%s", channel, group.prompt_uid, reason)
         await self.settle(partition, group, f"dropped ({TOO_LARGE})")
 
     async def write_chunks(self, channel: str, prompt_uid: str, value: bytes) -> ChunkedGroup:
         """Write a group's value as chunks, each acknowledged; returns the manifest that names them."""
-        topic, key = chunks_topic(channel, self.prefix), prompt_uid.encode()
-        sent = [await self.chunk_outputs[channel].send(key=key, value=bytes(piece))
-                for piece in chunks.split(value, self.settings.topics.max_message_bytes)]
-        written = [await each for each in sent]
-        return chunks.manifest(prompt_uid, topic, [(m.partition, m.offset) for m in written], value)
+        placed = await self.sends.chunks(channel, prompt_uid.encode(),
+                                         chunks.split(value, self.settings.topics.max_message_bytes))
+        return chunks.manifest(prompt_uid, self.sends.chunks_topic(channel), placed, value)
 
     async def emit(self, partition: int, group: PendingGroup, ready: ReadyGroup, value: bytes,
                    manifest: ChunkedGroup | None = None) -> tuple[int, int]:
@@ -147,54 +160,27 @@ class GroupEmission(AssemblerParts):
         headers = codec.headers_for(manifest or ready) + [
             (SOURCE_PARTITION, str(partition).encode()), (SOURCE_OFFSET, str(group.last_offset).encode()),
         ]
-        sent = await self.outputs[group.channel].send(key=ready.prompt_uid.encode(), value=value,
-                                                      headers=headers, timestamp=ready.ready_at)
-        metadata = await sent  # the broker's acknowledgement, before the table says "emitted"
+        placed = await self.sends.group(group.channel, ready.prompt_uid.encode(), value, headers,
+                                        ready.ready_at)  # acknowledged before the table says "emitted"
         self.metrics.groups.labels(group.channel, "emitted").inc()
         log.info("group emitted channel=%s prompt_uid=%s status=%s trajectories=%d steps=%d offset=%d chunks=%d",
                  group.channel, ready.prompt_uid, ready.status, len(ready.trajectory_uids), len(ready.steps),
-                 metadata.offset, len(manifest.offsets) if manifest else 0)
-        return metadata.partition, metadata.offset
+                 placed[1], len(manifest.offsets) if manifest else 0)
+        return placed
 
-    async def write_outcome(self, channel: str, prompt_uid: str, outcome: str,
-                            placed: tuple[int, int] | None = None) -> None:
-        """The group's outcome on the prompt ledger (``placed``: where it was emitted), acknowledged."""
-        key, value = ledger.encode_record(ledger.Outcome.of(prompt_uid, outcome, placed))
-        await (await self.ledgers[channel].send(key=key, value=value,
-                                                headers=[("content-type", ledger.CONTENT_TYPE.encode())]))
+    async def settle(self, partition: int, group: PendingGroup, outcome: str, placed: Placed | None = None) -> None:
+        await self.settlement.settle(partition, group.channel, group.prompt_uid, group.last_offset, outcome, placed,
+                                     group)
 
-    async def settle(self, partition: int, group: PendingGroup, outcome: str,
-                     placed: tuple[int, int] | None = None) -> None:
-        """The outcome to the ledger, then to the table: the ledger is never behind the table."""
-        await self.write_outcome(group.channel, group.prompt_uid, outcome, placed)
-        self.record_outcome(partition, group, outcome)
-
-    async def abandon(self, partition: int, channel: str, end: TrajectoryEnd, offset: int,
-                      marker: bytes | None) -> None:
+    async def abandon(self, partition: int, channel: str, end: TrajectoryEnd, offset: int) -> None:
         """A data source gave the group up (``ledger.ABANDON``): dropped unless it already has an outcome,
         which then stands (the ledger holds it); steps of it that come later are late."""
-        if marker is not None:
+        if self.state.marker(partition, channel, end.prompt_uid) is not None:
             self.metrics.duplicates.labels(channel).inc()
             return
-        key = StateKey(partition, "g", channel, end.prompt_uid).encode()
-        group = self.pending_group(partition, key) or PendingGroup(prompt_uid=end.prompt_uid, channel=channel)
+        group = self.state.open_group(partition, channel, end.prompt_uid)
         group.last_offset = max(group.last_offset, offset)
         self.metrics.dropped.labels(channel, ledger.ABANDONED).inc()
         log.info("group abandoned channel=%s prompt_uid=%s why=%s trajectories=%d", channel, end.prompt_uid,
                  end.metadata[ledger.ABANDON], len(group.trajectories))
         await self.settle(partition, group, f"dropped ({ledger.ABANDONED})")
-
-    def record_outcome(self, partition: int, group: PendingGroup, outcome: str) -> None:
-        self.state[StateKey(partition, "e", group.channel, group.prompt_uid).encode()] = json.dumps(
-            {"offset": group.last_offset, "at": time.time(), "outcome": outcome}).encode()
-        key = StateKey(partition, "g", group.channel, group.prompt_uid).encode()
-        self.pending.get(partition, {}).pop(key, None)
-        self.state.pop(key, None)
-        self.bodies.forget((group.channel, partition), group.offsets())
-
-    def advance_watermark(self, partition: int, channel: str, groups_partition: int, offset: int) -> None:
-        key = StateKey(partition, "w", channel).encode()
-        marks = json.loads(self.state.get(key) or b"{}")
-        if offset > marks.get(str(groups_partition), -1):
-            marks[str(groups_partition)] = offset
-            self.state[key] = json.dumps(marks).encode()

@@ -40,6 +40,7 @@ from faust.types import ConsumerT, ProducerT
 from trajbus.infra.clients import ROLE_DEFAULTS
 from trajbus.infra.kafka_config import faust_credentials
 from trajbus.streams.settings import WorkerSettings
+from trajbus.streams.state_store import partition_of
 
 log = logging.getLogger("trajbus.worker")
 FAUST_LOG = logging.getLogger("faust.trajbus")
@@ -146,7 +147,7 @@ class PartitionKeyedTable(faust.Table):
     logger = FAUST_LOG
 
     def partition_for_key(self, key: Any) -> int:
-        return int(key.split(b"|", 1)[0])
+        return partition_of(key)
 
 
 def _broker_urls(bootstrap_servers: str) -> list[str]:

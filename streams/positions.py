@@ -4,7 +4,7 @@ Faust's committed offsets say where its consumer resumes, not what the table
 applied, and faust-streaming 0.15 can resume a partition past its first records,
 leave a partition's tail undelivered after a rebalance, or never fetch an assigned
 partition at all (faust-streaming issues #471, #629). So the worker keeps its own
-position per (channel, partition) in the table (``o`` keys), checks every
+position per (channel, partition) in the table (``AssemblyState.applied_position``), checks every
 delivered offset against it, and reads directly what stays undelivered.
 """
 
@@ -13,10 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import MutableMapping
-
 from trajbus.infra.topics import consumer_group_lag
-from trajbus.streams.state_keys import StateKey
+from trajbus.streams.state_store import AssemblyState
 from trajbus.streams.topics import steps_topic
 
 log = logging.getLogger("trajbus.worker")
@@ -30,7 +28,7 @@ RESUME_RETRY = 1.0
 class SourcePositions:
     """Applied source positions per (channel, partition), in memory and saved in the table."""
 
-    def __init__(self, state: MutableMapping[bytes, bytes], bootstrap_servers: str, group_id: str, prefix: str,
+    def __init__(self, state: AssemblyState, bootstrap_servers: str, group_id: str, prefix: str,
                  resume_deadline: float) -> None:
         self.state, self.bootstrap_servers, self.group_id, self.prefix = state, bootstrap_servers, group_id, prefix
         self.resume_deadline = resume_deadline
@@ -44,8 +42,8 @@ class SourcePositions:
         """The next source offset to apply, from memory or else from the recovered table."""
         if (channel, partition) in self.expected:
             return self.expected[(channel, partition)]
-        applied = self.state.get(StateKey(partition, "o", channel).encode())
-        return None if applied is None else int(applied) + 1
+        applied = self.state.applied_position(partition, channel)
+        return None if applied is None else applied + 1
 
     async def resume_point(self, channel: str, partition: int) -> int:
         """With no position saved (a new table): where this worker group resumes, its committed offset,
@@ -83,9 +81,8 @@ class SourcePositions:
         this one (its group change reaches the table only with the next tick); later ones once a tick.
         Without a saved position, a new owner would have to ask the consumer group again."""
         self.expected[(channel, partition)] = offset + 1
-        key = StateKey(partition, "o", channel).encode()
-        if self.state.get(key) is None:
-            self.state[key] = str(offset - 1).encode()
+        if self.state.applied_position(partition, channel) is None:
+            self.state.save_position(partition, channel, offset - 1)
 
     def stalled(self, channel: str, partition: int, end: int) -> bool:
         """Whether the log, ending at ``end``, has stood past our position for ``STALL_AFTER`` seconds
@@ -111,10 +108,7 @@ class SourcePositions:
         """
         for (channel, owner), next_offset in self.expected.items():
             if owner == partition:
-                key = StateKey(partition, "o", channel).encode()
-                value = str(next_offset - 1).encode()
-                if self.state.get(key) != value:
-                    self.state[key] = value
+                self.state.save_position(partition, channel, next_offset - 1)
 
     def forget_partition(self, partition: int) -> None:
         """One partition's positions are re-read from the table (an event of it failed half-way)."""

@@ -2,24 +2,32 @@
 
 - when a worker (re)gains a partition it reads the groups topic past the table's
   watermark and records what an earlier owner emitted but did not get to record:
-  such groups are never emitted again (``ensure_reconciled``);
+  such groups are never emitted again, and their outcome goes to the ledger
+  (``ensure_reconciled``);
 - Faust's committed offsets are only where it resumes; where it resumes past the
   table's position, leaves a partition's tail undelivered after a rebalance, or
   never fetches an assigned partition (all seen with faust-streaming 0.15), the
-  range is read directly and applied in order (``catch_up``, ``apply_range``).
+  range is read directly and applied in order (``catch_up``, ``apply_range``);
+- a partition whose event failed half-way, or a rebalance, drops the changes held since
+  the last tick with the positions that cover them (``forget_partition``, ``forget``):
+  those events are applied again from the saved position.
+
+Faust's ``TableManager`` owns its ``Recovery`` the same way: a part with its own state,
+given what it works on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
+from typing import Any, Awaitable, Callable, Protocol
 
-from trajbus.infra.topics import end_offsets_of
-from trajbus.streams.parts import AssemblerParts
+from trajbus.streams.direct_reads import DirectReads
 from trajbus.streams.positions import SourcePositions
-from trajbus.streams.state_keys import StateKey, emitted_past, read_range
+from trajbus.streams.settings import WorkerSettings
+from trajbus.streams.settlement import Settlement
+from trajbus.streams.state_store import AssemblyState
+from trajbus.streams.stats import WorkerMetrics
 from trajbus.streams.topics import groups_topic, steps_topic
 
 log = logging.getLogger("trajbus.worker")
@@ -28,24 +36,47 @@ CATCH_UP_LOOKUP_TIMEOUT = 3.0
 """The catch-up's wait for the steps partitions' ends: it runs every tick, so a look-up Kafka does not
 answer in this time (a broker away, a leader moving) is asked again at the next tick, not waited out."""
 
+Apply = Callable[[str, int, Any], Awaitable[None]]
+"""``apply(channel, partition, record)``: the assembler applies one steps record, its position after."""
 
-class PartitionRecovery(AssemblerParts):
-    """The recovering half of ``streams.app.GroupAssembler``: a mixin, the assembler's parts it uses
-    declared in ``AssemblerParts`` and below (and its ``lock``, ``active_partitions``, ``apply_at``,
-    ``advance_watermark``, ``pending_group``, ``write_outcome``)."""
 
-    positions: SourcePositions
-    reconciled: set[int]
-    told_direct_reads = False
-    """Whether a direct read was logged since the last rebalance: one WARNING per rebalance, the rest at DEBUG
-    (after a broker restart every partition has its range to read, which is the recovery working)."""
+class Recovery(Protocol):
+    """What the assembler asks of recovery."""
 
-    def forget_positions(self) -> None:
+    async def ensure_reconciled(self, partition: int) -> None: ...
+
+    async def apply_range(self, channel: str, partition: int, start: int, end: int, why: str) -> None: ...
+
+    async def catch_up(self) -> None: ...
+
+    def forget_partition(self, partition: int) -> None: ...
+
+    def forget(self) -> None: ...
+
+
+class PartitionRecovery:
+    """Reconciles each (re)gained partition once, and reads directly what Faust skipped or never delivered."""
+
+    def __init__(self, settings: WorkerSettings, metrics: WorkerMetrics, state: AssemblyState,
+                 positions: SourcePositions, settlement: Settlement, reads: DirectReads, apply: Apply,
+                 lock: Callable[[int], asyncio.Lock], active_partitions: Callable[[], set[int]]) -> None:
+        """``apply``, ``lock`` and ``active_partitions`` are the assembler's: how one record is applied, the
+        lock that serialises a partition's work, and the steps partitions this worker holds."""
+        self.settings, self.metrics, self.state, self.positions = settings, metrics, state, positions
+        self.settlement, self.reads, self.apply = settlement, reads, apply
+        self.lock, self.active_partitions = lock, active_partitions
+        self.prefix = settings.topics.prefix
+        self.reconciled: set[int] = set()
+        self.told_direct_reads = False
+        """Whether a direct read was logged since the last rebalance: one WARNING per rebalance, the rest at
+        DEBUG (after a broker restart every partition has its range to read, which is the recovery working)."""
+
+    def forget(self) -> None:
         """After a rebalance, positions, pending groups and reconciliation are re-read from the
         recovered table (changes since the last tick are dropped, with the positions that cover them:
         their events are applied again)."""
         self.reconciled.clear()
-        self.pending.clear()
+        self.state.drop_changes()
         self.positions.forget()
         self.told_direct_reads = False
 
@@ -54,31 +85,23 @@ class PartitionRecovery(AssemblerParts):
         the position that covers them (its events are applied again from the saved position), and
         reconciliation runs again (a group being emitted may have been acknowledged)."""
         self.reconciled.discard(partition)
-        self.pending.pop(partition, None)
+        self.state.drop_changes(partition)
         self.positions.forget_partition(partition)
 
     async def ensure_reconciled(self, partition: int) -> None:
-        """Once per assignment: record what earlier owners emitted from this partition but did not record."""
+        """Once per assignment: record what earlier owners emitted from this partition but did not record
+        (its outcome to the ledger first, as for any group: ``Settlement``)."""
         if partition in self.reconciled:
             return
         for channel in self.settings.channels:
-            marks = json.loads(self.state.get(StateKey(partition, "w", channel).encode()) or b"{}")
-            found = await asyncio.to_thread(emitted_past, self.bootstrap_servers, groups_topic(channel, self.prefix),
-                                            partition, marks)
+            found = await asyncio.to_thread(self.reads.emitted_past, groups_topic(channel, self.prefix), partition,
+                                            self.state.watermark(partition, channel))
             for prompt_uid, (groups_partition, offset, source_offset) in found.items():
-                marker = StateKey(partition, "e", channel, prompt_uid).encode()
-                if self.state.get(marker) is None:
-                    await self.write_outcome(channel, prompt_uid, "emitted", (groups_partition, offset))
-                    self.state[marker] = json.dumps(
-                        {"offset": source_offset, "at": time.time(), "outcome": "emitted"}).encode()
-                    key = StateKey(partition, "g", channel, prompt_uid).encode()
-                    group = self.pending_group(partition, key)  # changed since the last tick, or as stored
-                    self.pending.get(partition, {}).pop(key, None)
-                    self.state.pop(key, None)
-                    if group is not None:
-                        self.bodies.forget((channel, partition), group.offsets())
+                if self.state.marker(partition, channel, prompt_uid) is None:
+                    await self.settlement.settle(partition, channel, prompt_uid, source_offset, "emitted",
+                                                 (groups_partition, offset))
                     log.info("reconciled emitted group channel=%s prompt_uid=%s", channel, prompt_uid)
-                self.advance_watermark(partition, channel, groups_partition, offset)
+                self.state.advance_watermark(partition, channel, groups_partition, offset)
         self.reconciled.add(partition)
 
     async def apply_range(self, channel: str, partition: int, start: int, end: int, why: str) -> None:
@@ -88,9 +111,9 @@ class PartitionRecovery(AssemblerParts):
                 "source offsets %d..%d of %s[%d] %s; reading them directly%s", start, end - 1, topic, partition, why,
                 "" if self.told_direct_reads else " (other partitions' direct reads at DEBUG until the next rebalance)")
         self.told_direct_reads = True
-        for record in await asyncio.to_thread(read_range, self.bootstrap_servers, topic, partition, start, end):
+        for record in await asyncio.to_thread(self.reads.read_range, topic, partition, start, end):
             if record.offset >= self.positions.expected.get((channel, partition), start):
-                await self.apply_at(channel, partition, record)
+                await self.apply(channel, partition, record)
 
     async def catch_up(self) -> None:
         """Apply records Faust never delivered: where a partition's log stays past our position
@@ -103,8 +126,8 @@ class PartitionRecovery(AssemblerParts):
                 self.metrics.source_position.labels(channel, str(partition)).set(position)
         if not owned:
             return
-        ends = await asyncio.to_thread(end_offsets_of, self.bootstrap_servers,
-                                       [(steps_topic(c, self.prefix), p) for c, p in owned], CATCH_UP_LOOKUP_TIMEOUT)
+        ends = await asyncio.to_thread(self.reads.end_offsets, [(steps_topic(c, self.prefix), p) for c, p in owned],
+                                       CATCH_UP_LOOKUP_TIMEOUT)
         for channel, partition in owned:
             end = ends[(steps_topic(channel, self.prefix), partition)]
             if not self.positions.stalled(channel, partition, end):

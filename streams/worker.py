@@ -33,7 +33,7 @@ from trajbus.infra.kafka_config import KafkaUnreachable, connection_properties, 
 from trajbus.infra.outage import OutageWatch
 from trajbus.infra.retry import retrying
 from trajbus.infra.topics import TopicSpec, ensure_topics, partition_counts
-from trajbus.streams.app import GroupAssembler, build_app
+from trajbus.streams.app import build_app, changelog_topic_name
 from trajbus.streams.settings import WorkerSettings
 from trajbus.streams.topics import steps_topic
 from trajbus.streams.worker_logs import logging_config, lost_kafka
@@ -48,12 +48,11 @@ class PartitionMismatch(ValueError):
     """A steps topic's partition count is not the worker's ``--steps-partitions``: names both numbers."""
 
 
-def _match_partitions(servers: str, assembler: GroupAssembler) -> None:
+def _match_partitions(servers: str, settings: WorkerSettings, changelog_name: str) -> None:
     """Refuse a steps topic whose count differs from the worker's, before anything is provisioned. The
     table's changelog follows its steps topics: one behind them (they were raised on purpose) is raised."""
-    settings = assembler.settings
     wanted = settings.topics.steps_partitions
-    changelog = settings.topics.table_spec(assembler.state.changelog_topic.get_topic_name(), wanted)
+    changelog = settings.topics.table_spec(changelog_name, wanted)
     names = [steps_topic(channel, settings.topics.prefix) for channel in settings.channels]
     counts = partition_counts(servers, [*names, changelog.name], timeout=10.0)
     for name in names:
@@ -90,12 +89,10 @@ def _provision(servers: str, specs: list[TopicSpec], outage_limit: float,
         log.info("kafka reachable again after %.0fs outage; worker starting", time.time() - since)
 
 
-def worker_topics(assembler: GroupAssembler) -> list[TopicSpec]:
+def worker_topics(settings: WorkerSettings, changelog_name: str) -> list[TopicSpec]:
     """Every topic the worker reads or writes: the channels' and shared topics, and its table's changelog."""
-    settings = assembler.settings
-    changelog = assembler.state.changelog_topic
     return settings.topics.specs(settings.channels) + [
-        settings.topics.table_spec(changelog.get_topic_name(), settings.topics.steps_partitions)]
+        settings.topics.table_spec(changelog_name, settings.topics.steps_partitions)]
 
 
 _gave_up: list[str] = []
@@ -126,8 +123,9 @@ def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None) -
              servers, f" ({connection})" if connection else "", outage_limit)
     with tempfile.TemporaryDirectory(prefix=f"trajbus-{settings.app_id}-") as datadir:
         app, assembler = build_app(servers, settings, Path(datadir))
-        _provision(servers, worker_topics(assembler), outage_limit,
-                   check=partial(_match_partitions, servers, assembler))
+        changelog = changelog_topic_name(app)
+        _provision(servers, worker_topics(settings, changelog), outage_limit,
+                   check=partial(_match_partitions, servers, settings, changelog))
         # Faust applies its loglevel to the handler, so the handler takes INFO and the
         # logger configuration decides what each library may say.
         worker = faust.Worker(app, loglevel="INFO", quiet=True, redirect_stdouts=False,

@@ -8,12 +8,13 @@ import pytest
 
 from trajbus.streams import positions as positions_module
 from trajbus.streams.positions import SourcePositions
-from trajbus.streams.state_keys import StateKey
+from trajbus.streams.state_store import AssemblyState
+from tests.unit.worker_fakes import new_worker, step
 
 
 def new_positions(table: dict[bytes, bytes], answers: list[object], deadline: float = 30.0) -> SourcePositions:
     """Positions whose resume-point look-up answers ``answers`` in turn (an exception is raised)."""
-    positions = SourcePositions(table, "unused:9092", "worker-group", "p", deadline)
+    positions = SourcePositions(AssemblyState(table), "unused:9092", "worker-group", "p", deadline)
 
     async def resume_point(channel: str, partition: int) -> int:
         answer = answers.pop(0)
@@ -26,7 +27,8 @@ def new_positions(table: dict[bytes, bytes], answers: list[object], deadline: fl
 
 
 def test_a_saved_position_is_trusted_without_asking_kafka() -> None:
-    table = {StateKey(3, "o", "train").encode(): b"41"}
+    table: dict[bytes, bytes] = {}
+    AssemblyState(table).save_position(3, "train", 41)
     positions = new_positions(table, [])
     assert positions.known("train", 3) == 42
     assert asyncio.run(positions.start_of("train", 3)) == 42
@@ -50,14 +52,14 @@ def test_an_unanswered_resume_point_fails_past_the_deadline_instead_of_guessing(
 def test_a_first_position_is_saved_at_once_covering_nothing_applied_later_ones_by_save() -> None:
     table: dict[bytes, bytes] = {}
     positions = new_positions(table, [])
-    key = StateKey(2, "o", "train").encode()
+    saved = AssemblyState(table)
     positions.advance("train", 2, 10)
-    assert table[key] == b"9"  # a new owner replays offset 10: its group change is not in the table yet
+    assert saved.applied_position(2, "train") == 9  # a new owner replays offset 10: its group change is not in the table yet
     assert new_positions(table, []).known("train", 2) == 10
     positions.advance("train", 2, 11)
-    assert table[key] == b"9" and positions.known("train", 2) == 12
+    assert saved.applied_position(2, "train") == 9 and positions.known("train", 2) == 12
     positions.save(2)
-    assert table[key] == b"11"
+    assert saved.applied_position(2, "train") == 11
 
 
 def test_a_partition_is_read_directly_only_once_its_position_stops_moving_behind_the_log(monkeypatch) -> None:
@@ -84,30 +86,29 @@ def test_an_event_that_fails_half_way_is_applied_again_from_the_saved_position()
     """The worker's no-skip rule (``GroupAssembler.apply_at``): a failure drops the partition's unflushed
     changes and its in-memory position, so the next try starts at the saved position, this event included;
     other partitions keep theirs."""
-    from types import SimpleNamespace
-
-    from trajbus.streams.app import GroupAssembler
-    from trajbus.streams.stats import WorkerMetrics
-
-    table = {StateKey(3, "o", "train").encode(): b"9", StateKey(4, "o", "train").encode(): b"19"}
-    assembler = GroupAssembler.__new__(GroupAssembler)  # the parts apply_at uses, without a Faust app
-    assembler.positions, assembler.metrics = new_positions(table, []), WorkerMetrics()
-    assembler.pending, assembler.reconciled = {3: {b"k": "changed"}, 4: {b"j": "kept"}}, {3, 4}
-    asyncio.run(assembler.positions.start_of("train", 3))
-    asyncio.run(assembler.positions.start_of("train", 4))
-    failures = [ConnectionError("leader moved")]
+    worker = new_worker(partitions=(3, 4))
+    three, four = worker.source(3), worker.source(4)
+    worker.deliver(three.append(step("a", "a1", last=False)))
+    worker.deliver(four.append(step("b", "b1", last=False)))
+    worker.tick()  # saved: partition 3 applied up to offset 0, group a holds a1#0; b likewise
+    worker.deliver(three.append(step("a", "a1", index=1, last=False)))  # applied, not yet saved
+    worker.deliver(four.append(step("b", "b1", index=1, last=False)))
+    assembler, failures = worker.assembler, [ConnectionError("leader moved")]
+    real_process = assembler.process
 
     async def process(channel: str, partition: int, message: object) -> None:
         if failures:
             raise failures.pop()
+        await real_process(channel, partition, message)
 
     assembler.process = process  # type: ignore[method-assign]
-    event = SimpleNamespace(offset=10)
-    assembler.positions.advance("train", 3, 10)  # an earlier event applied, not yet saved
     with pytest.raises(ConnectionError):
-        asyncio.run(assembler.apply_at("train", 3, SimpleNamespace(offset=11)))
-    assert assembler.positions.known("train", 3) == 10, "the failed event's partition restarts at its saved position"
-    assert 3 not in assembler.pending and 3 not in assembler.reconciled
-    assert assembler.positions.known("train", 4) == 20 and assembler.pending[4] and 4 in assembler.reconciled
-    asyncio.run(assembler.apply_at("train", 3, event))
-    assert assembler.positions.known("train", 3) == 11
+        worker.deliver(three.append(step("a", "a1", index=2)))
+    assert assembler.positions.known("train", 3) == 1, "the failed event's partition restarts at its saved position"
+    assert not assembler.state.has_changes(3) and 3 not in assembler.recovery.reconciled
+    assert assembler.positions.known("train", 4) == 2 and assembler.state.has_changes(4)
+    assert 4 in assembler.recovery.reconciled
+    worker.deliver(three.records[2])  # delivered again: offset 1 is read directly, then 2 applied
+    assert assembler.positions.known("train", 3) == 3
+    group = assembler.state.group(3, "train", "a")
+    assert group is not None and group.trajectories == {"a1": {0: 0, 1: 1, 2: 2}}

@@ -226,20 +226,16 @@ def test_the_first_assignment_is_the_ready_line_and_a_second_worker_says_it_shar
                           "holds steps partitions train 4-7")
 
 
-def test_direct_reads_after_a_rebalance_are_one_warning(caplog, monkeypatch):
+def test_direct_reads_after_a_rebalance_are_one_warning(caplog):
     """After a broker restart every partition has a range Faust skipped, read directly: the recovery
     working, told once per rebalance (each partition at DEBUG)."""
-    from trajbus.streams import recovery
-    from trajbus.streams.recovery import PartitionRecovery
+    from tests.unit.worker_fakes import new_worker
 
-    monkeypatch.setattr(recovery, "read_range", lambda *args: [])
-    worker = PartitionRecovery.__new__(PartitionRecovery)
-    worker.prefix, worker.bootstrap_servers, worker.pending, worker.reconciled = "p", "b:9092", {}, set()
-    worker.positions = SimpleNamespace(expected={}, forget=lambda: None)
+    worker = new_worker(partitions=range(8)).assembler.recovery  # its direct reads find nothing
     with caplog.at_level(logging.DEBUG, logger="trajbus.worker"):
         for partition in range(8):
             asyncio.run(worker.apply_range("train", partition, 12, 36, "skipped by the consumer"))
-        worker.forget_positions()  # the next rebalance
+        worker.forget()  # the next rebalance
         asyncio.run(worker.apply_range("train", 0, 36, 40, "skipped by the consumer"))
     levels = [r.levelname for r in caplog.records if "reading them directly" in r.getMessage()]
     assert levels == ["WARNING"] + ["DEBUG"] * 7 + ["WARNING"]

@@ -1,8 +1,9 @@
-"""The worker table's keys, and steps-topic records read directly (not through Faust).
+"""Records the worker reads directly (not through Faust): a steps range, and groups emitted past a watermark.
 
-Every key starts with its source partition, so writes made outside an event (timeouts)
-still land in that partition's changelog partition (``PartitionKeyedTable``), and all
-state of a partition is ordered in one changelog partition.
+Faust delivers what it delivers; the worker reads a range itself where Faust skipped it
+(``recovery.PartitionRecovery.apply_range``), and a new owner of a source partition reads
+the groups topic past the table's watermark for what an earlier owner emitted
+(``emitted_past``): each group carries its source partition and offset in headers.
 """
 
 from __future__ import annotations
@@ -11,33 +12,13 @@ import logging
 from dataclasses import dataclass
 
 from trajbus.infra.clients import reader
-from trajbus.infra.topics import describe_topics, read_partition
+from trajbus.infra.topics import describe_topics, end_offsets_of, read_partition
 
 log = logging.getLogger("trajbus.worker")
 
 SOURCE_PARTITION = "trajbus-source-partition"
 SOURCE_OFFSET = "trajbus-source-offset"
 """Headers of an emitted group: the source partition and the offset of its last event."""
-
-
-@dataclass(frozen=True)
-class StateKey:
-    """``{partition}|{kind}|{channel}|{prompt_uid}``: kind ``g`` pending group, ``e`` emitted
-    (or dropped) marker, ``w`` groups-topic watermark and ``o`` applied source offset of the
-    partition (these two without prompt_uid)."""
-
-    partition: int
-    kind: str
-    channel: str
-    prompt_uid: str = ""
-
-    def encode(self) -> bytes:
-        return f"{self.partition}|{self.kind}|{self.channel}|{self.prompt_uid}".encode()
-
-    @classmethod
-    def decode(cls, raw: bytes) -> "StateKey":
-        partition, kind, channel, prompt_uid = raw.decode().split("|", 3)
-        return cls(int(partition), kind, channel, prompt_uid)
 
 
 @dataclass(frozen=True)
@@ -64,13 +45,13 @@ def read_range(bootstrap_servers: str, topic: str, partition: int, start: int, e
 
 
 def emitted_past(bootstrap_servers: str, topic: str, partition: int,
-                 marks: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+                 marks: dict[int, int]) -> dict[str, tuple[int, int, int]]:
     """Groups of ``topic`` emitted from source ``partition`` past the watermark ``marks`` (groups
     partition -> last recorded offset). Returns prompt_uid -> (groups partition, groups offset, source offset)."""
     log_bounds = describe_topics(bootstrap_servers, names=[topic])[0]
     found: dict[str, tuple[int, int, int]] = {}
     for p, (low, high) in enumerate(zip(log_bounds.start_offsets, log_bounds.end_offsets)):
-        start = max(low, marks.get(str(p), -1) + 1)
+        start = max(low, marks.get(p, -1) + 1)
         if start >= high:
             continue
         for record in read_range(bootstrap_servers, topic, p, start, high):
@@ -78,3 +59,19 @@ def emitted_past(bootstrap_servers: str, topic: str, partition: int,
             if headers.get(SOURCE_PARTITION) == str(partition).encode():
                 found[record.key.decode()] = (p, record.offset, int(headers[SOURCE_OFFSET]))
     return found
+
+
+class DirectReads:
+    """The worker's direct reads of one cluster (recovery and step bodies are given this, or a fake)."""
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+
+    def read_range(self, topic: str, partition: int, start: int, end: int) -> list[SourceRecord]:
+        return read_range(self.bootstrap_servers, topic, partition, start, end)
+
+    def emitted_past(self, topic: str, partition: int, marks: dict[int, int]) -> dict[str, tuple[int, int, int]]:
+        return emitted_past(self.bootstrap_servers, topic, partition, marks)
+
+    def end_offsets(self, partitions: list[tuple[str, int]], timeout: float) -> dict[tuple[str, int], int]:
+        return end_offsets_of(self.bootstrap_servers, partitions, timeout)
