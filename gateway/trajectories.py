@@ -46,12 +46,13 @@ import sqlite3
 import threading
 import time
 from array import array
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, TypeVar
+
+from cachetools import LRUCache
 
 T = TypeVar("T")
 OPEN, COMPLETING, COMPLETED, ABANDONED = "open", "completing", "completed", "abandoned"
@@ -142,32 +143,27 @@ def _acknowledged(blob: bytes | None, published: int) -> list[int] | None:
 
 
 class _Snapshots:
-    """The trajectories in use, in memory, most recently used last. A snapshot is never changed in place:
-    a change replaces it whole, so a reader on another thread never sees half of one."""
+    """The trajectories in use, in memory, the least recently used dropped first (``cachetools``). A snapshot
+    is never changed in place: a change replaces it whole, so a reader on another thread never sees half of one."""
 
     def __init__(self, size: int = CACHED_TRAJECTORIES) -> None:
         self.size = size
-        self._items: OrderedDict[str, Trajectory] = OrderedDict()
+        self._items: LRUCache[str, Trajectory] = LRUCache(size)
         self._lock = threading.Lock()
 
     def get(self, trajectory_uid: str) -> Trajectory | None:
         with self._lock:
-            trajectory = self._items.get(trajectory_uid)
-            if trajectory is not None:
-                self._items.move_to_end(trajectory_uid)
-            return trajectory
+            return self._items.get(trajectory_uid)
 
     def put(self, trajectory: Trajectory) -> None:
         with self._lock:
             self._items[trajectory.trajectory_uid] = trajectory
-            self._items.move_to_end(trajectory.trajectory_uid)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
 
     def change(self, trajectory_uid: str, **changes: Any) -> None:
         with self._lock:
-            if trajectory_uid in self._items:
-                self._items[trajectory_uid] = dataclasses.replace(self._items[trajectory_uid], **changes)
+            trajectory = self._items.get(trajectory_uid)
+            if trajectory is not None:
+                self._items[trajectory_uid] = dataclasses.replace(trajectory, **changes)
 
     def drop(self, trajectory_uids: list[str]) -> None:
         with self._lock:

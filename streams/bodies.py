@@ -5,14 +5,16 @@ the steps topic already holds them durably, and rewriting a growing group at eve
 event made the changelog grow with the square of the group. The common path finds a
 body here, as it arrived; a body evicted by the bound, or not seen by this process (a
 restart, a partition taken over), is read back from the steps topic when its group is
-emitted, so a worker's memory is bounded and nothing depends on it.
+emitted, so a worker's memory is bounded and nothing depends on it. The bound is in bytes:
+cachetools' ``LRUCache`` with each body's length as its size.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from typing import Any, Callable, Iterable
+
+from cachetools import LRUCache
 
 from trajbus.streams import codec
 from trajbus.streams.prefix import StepDelta
@@ -23,7 +25,7 @@ Where = tuple[str, int]
 
 
 class StepBodies:
-    """Encoded steps by (channel, partition, offset), oldest out first past ``max_bytes``."""
+    """Encoded steps by (channel, partition, offset), least recently used out first past ``max_bytes``."""
 
     def __init__(self, max_bytes: int, read_back: Callable[[str, int, int, int], list],
                  on_read_back: Callable[[int], Any] = lambda count: None) -> None:
@@ -32,24 +34,21 @@ class StepBodies:
         self.max_bytes = max_bytes
         self.read_back = read_back
         self.on_read_back = on_read_back
-        self.bytes_in_use = 0
-        self._bodies: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self._bodies: LRUCache[tuple[str, int, int], bytes] = LRUCache(max_bytes, getsizeof=len)
+
+    @property
+    def bytes_in_use(self) -> int:
+        return int(self._bodies.currsize)
 
     def put(self, where: Where, offset: int, value: bytes) -> None:
+        """Hold a body as it arrived; one larger than the whole bound is not held (it is read back)."""
         key = (*where, offset)
-        if key in self._bodies:
-            return
-        self._bodies[key] = value
-        self.bytes_in_use += len(value)
-        while self.bytes_in_use > self.max_bytes and self._bodies:
-            _, evicted = self._bodies.popitem(last=False)
-            self.bytes_in_use -= len(evicted)
+        if key not in self._bodies and len(value) <= self.max_bytes:
+            self._bodies[key] = value
 
     def forget(self, where: Where, offsets: Iterable[int]) -> None:
         for offset in offsets:
-            value = self._bodies.pop((*where, offset), None)
-            if value is not None:
-                self.bytes_in_use -= len(value)
+            self._bodies.pop((*where, offset), None)
 
     async def steps(self, where: Where, offsets: Iterable[int]) -> dict[int, Step | StepDelta]:
         """The steps at ``offsets``, decoded with their token ids and log-probs as numpy arrays (they are

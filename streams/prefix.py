@@ -20,10 +20,10 @@ back than its keyframe, whose ``created_at`` the reference names.
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+from cachetools import LRUCache
 
 from trajbus.streams.records import ReadyGroup, Step
 
@@ -86,33 +86,33 @@ def context_of(step: Step, prompt: np.ndarray, keyframe_at: float, depth: int) -
     return Context(step.step_index, np.concatenate([prompt, as_tokens(step.response_ids)]), keyframe_at, depth)
 
 
+def _nbytes(contexts: list[Context]) -> int:
+    return sum(context.nbytes for context in contexts)
+
+
 class _Memory:
-    """Contexts by trajectory, least recently used first out, bounded by their bytes."""
+    """Contexts by trajectory, least recently used first out, bounded by their bytes (cachetools' ``LRUCache``
+    sized by ``_nbytes``). A trajectory whose contexts alone exceed the bound is not kept: a writer sends its
+    next step whole (a keyframe)."""
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self.by_trajectory: OrderedDict[str, list[Context]] = OrderedDict()
+        self.by_trajectory: LRUCache[str, list[Context]] = LRUCache(max_bytes, getsizeof=_nbytes)
+
+    @property
+    def bytes(self) -> int:
+        return int(self.by_trajectory.currsize)
 
     def recent(self, trajectory_uid: str) -> list[Context]:
-        contexts = self.by_trajectory.get(trajectory_uid, [])
-        if contexts:
-            self.by_trajectory.move_to_end(trajectory_uid)
-        return contexts
+        return self.by_trajectory.get(trajectory_uid, [])
 
     def remember(self, trajectory_uid: str, context: Context, keep: int) -> None:
         contexts = [c for c in self.by_trajectory.pop(trajectory_uid, []) if c.step_index != context.step_index]
-        contexts.append(context)
-        self.bytes += context.nbytes
-        for dropped in contexts[:-keep]:
-            self.bytes -= dropped.nbytes
-        self.by_trajectory[trajectory_uid] = contexts[-keep:]
-        while self.bytes > self.max_bytes and len(self.by_trajectory) > 1:
-            _uid, evicted = self.by_trajectory.popitem(last=False)
-            self.bytes -= sum(c.nbytes for c in evicted)
+        contexts = [*contexts, context][-keep:]
+        if _nbytes(contexts) <= self.by_trajectory.maxsize:
+            self.by_trajectory[trajectory_uid] = contexts
 
     def forget(self, trajectory_uid: str) -> None:
-        self.bytes -= sum(c.nbytes for c in self.by_trajectory.pop(trajectory_uid, []))
+        self.by_trajectory.pop(trajectory_uid, None)
 
 
 class PrefixEncoder:

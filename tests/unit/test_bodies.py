@@ -64,3 +64,12 @@ def test_a_body_gone_from_the_topic_is_named():
     bodies = StepBodies(max_bytes=10**6, read_back=topic.read_back)
     with pytest.raises(LookupError, match=r"offsets \[0, 1\] are no longer in the topic"):
         asyncio.run(bodies.steps(("train", 0), [0, 1, 3]))
+
+
+def test_a_body_larger_than_the_whole_bound_is_read_back_not_held():
+    topic = Topic(2)
+    bodies = StepBodies(max_bytes=len(topic.values[0]) - 1, read_back=topic.read_back)
+    bodies.put(("train", 0), 0, topic.values[0])
+    assert bodies.bytes_in_use == 0
+    steps = asyncio.run(bodies.steps(("train", 0), [0]))
+    assert steps[0].response_ids.tolist() == [0] and topic.reads == [(0, 1)]

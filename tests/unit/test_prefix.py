@@ -73,6 +73,14 @@ def test_memory_is_bounded_least_recently_used_out():
     assert encoder.delta(trajectory("e", 2)[1]).kind == PROMPT_EXTENDS_STEP
 
 
+def test_a_context_larger_than_the_whole_bound_is_not_kept_and_the_next_step_is_whole():
+    encoder = PrefixEncoder(max_bytes=1_000)  # one context of ~600 tokens is ~4,800 bytes
+    first, second = trajectory("t", 2)
+    assert encoder.delta(first).kind == PROMPT_FULL
+    assert encoder.memory.bytes == 0 and "t" not in encoder.memory.by_trajectory
+    assert encoder.delta(second).kind == PROMPT_FULL
+
+
 def test_a_reader_refuses_a_step_whose_base_it_has_not_read_or_is_too_short():
     records = [codec.decode(v) for v in sent(trajectory("t", 3))]
     with pytest.raises(PrefixError, match="extends step 1, which was not read"):
