@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from trajbus.infra.retry import retrying_async
 from trajbus.infra.topics import consumer_group_lag
 from trajbus.streams.state_store import AssemblyState
 from trajbus.streams.topics import steps_topic
@@ -22,7 +23,6 @@ log = logging.getLogger("trajbus.worker")
 STALL_AFTER = 3.0
 """Seconds a partition's log may end past our position, with the position not moving, before the
 records are read directly: long enough for Faust to deliver a burst, short enough for a trainer."""
-RESUME_RETRY = 1.0
 
 
 class SourcePositions:
@@ -57,24 +57,23 @@ class SourcePositions:
 
     async def start_of(self, channel: str, partition: int) -> int:
         """``known``, else the resume point, asked again through an outage (up to ``resume_deadline``
-        seconds): guessing from the offset Faust delivers could skip records nothing would reveal."""
+        seconds, under the one retry policy): guessing from the offset Faust delivers could skip records
+        nothing would reveal."""
         position = self.known(channel, partition)
-        deadline = time.monotonic() + self.resume_deadline
-        tries = 0
-        while position is None:
-            try:
-                position = await self.resume_point(channel, partition)
-            except Exception as exc:  # noqa: BLE001 - Kafka away: ask again until the deadline
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"resume point of {steps_topic(channel, self.prefix)}[{partition}] "
-                                       f"unknown after {self.resume_deadline:.0f}s: {exc}") from exc
-                tries += 1
-                log.log(logging.WARNING if tries == 1 else logging.DEBUG,  # said once; each try at DEBUG
-                        "resume point of %s[%d] unknown (%s); asking again every %gs",
-                        steps_topic(channel, self.prefix), partition, exc, RESUME_RETRY)
-                await asyncio.sleep(RESUME_RETRY)
+        if position is None:
+            position = await self.asked_resume_point(channel, partition)
         self.expected[(channel, partition)] = position
         return position
+
+    async def asked_resume_point(self, channel: str, partition: int) -> int:
+        what = f"resume point of {steps_topic(channel, self.prefix)}[{partition}]"
+        try:
+            async for attempt in retrying_async(self.resume_deadline, log, f"asking the {what}"):
+                with attempt:
+                    return await self.resume_point(channel, partition)
+        except Exception as exc:  # noqa: BLE001 - Kafka away past the deadline: said with the last error
+            raise RuntimeError(f"{what} unknown after {self.resume_deadline:.0f}s: {exc}") from exc
+        raise AssertionError("unreachable: the retries end in a value or an error")
 
     def advance(self, channel: str, partition: int, offset: int) -> None:
         """``offset`` was applied. A partition's first position is saved at once, as the offset before

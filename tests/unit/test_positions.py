@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from trajbus.infra import retry
 from trajbus.streams import positions as positions_module
 from trajbus.streams.positions import SourcePositions
 from trajbus.streams.state_store import AssemblyState
@@ -35,14 +36,13 @@ def test_a_saved_position_is_trusted_without_asking_kafka() -> None:
 
 
 def test_with_no_saved_position_the_group_resume_point_is_asked_through_an_outage(monkeypatch) -> None:
-    monkeypatch.setattr(positions_module, "RESUME_RETRY", 0.0)
+    monkeypatch.setattr(retry, "FIRST_WAIT", 0.0)
     positions = new_positions({}, [RuntimeError("all brokers down"), RuntimeError("all brokers down"), 7])
     assert asyncio.run(positions.start_of("train", 0)) == 7
     assert positions.known("train", 0) == 7
 
 
-def test_an_unanswered_resume_point_fails_past_the_deadline_instead_of_guessing(monkeypatch) -> None:
-    monkeypatch.setattr(positions_module, "RESUME_RETRY", 0.0)
+def test_an_unanswered_resume_point_fails_past_the_deadline_instead_of_guessing() -> None:
     positions = new_positions({}, [RuntimeError("all brokers down")] * 1000, deadline=0.0)
     with pytest.raises(RuntimeError, match=r"resume point of p\.steps\.train\[0\] unknown"):
         asyncio.run(positions.start_of("train", 0))
