@@ -18,7 +18,7 @@ per-token ``logprobs`` with ``return_tokens_as_token_ids``, so the sampled ids
 come with their log-probs. Not ``return_token_ids``: it makes vLLM echo the
 whole prompt's ids in every answer, which the gateway would parse only to drop
 (8k ids of JSON per call on a long conversation). An answer that carries
-``token_ids`` anyway is read from them.
+``token_ids`` anyway is read from them. Answers are read in ``engine_answers``.
 
 The engine client is aiohttp (its per-request overhead at hundreds of concurrent
 calls is a fraction of httpx's), and request and answer bodies are orjson: the
@@ -28,16 +28,16 @@ calls is a fraction of httpx's), and request and answer bodies are orjson: the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 import aiohttp
 import orjson
 
 from trajbus.gateway.backend_health import ALIVE_WINDOW, Change, Liveness, Probe
+from trajbus.gateway.engine_answers import BackendError, Completion, EngineStream, whole_answer
 
 log = logging.getLogger("trajbus.gateway")
 
@@ -48,14 +48,6 @@ connection in time): nothing came back, so another backend may try."""
 
 class NoBackendAvailable(RuntimeError):
     """Every backend is out (or was tried and refused the connection)."""
-
-
-class BackendError(RuntimeError):
-    """A backend answered with an error or broke off after the request reached it."""
-
-    def __init__(self, message: str, status: int = 502) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass
@@ -82,60 +74,6 @@ class Backend:
                 "slow_health_checks": self.slow_health_checks}
 
 
-@dataclass
-class Completion:
-    """One choice as the engine produced it, or (streaming) the next piece of one."""
-
-    index: int
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-
-
-def _ids_of(choice: dict[str, Any]) -> list[int]:
-    if choice.get("token_ids") is not None:
-        return [int(t) for t in choice["token_ids"]]
-    tokens = (choice.get("logprobs") or {}).get("tokens") or []
-    if all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
-        return [int(t.split(":", 1)[1]) for t in tokens]
-    raise BackendError("no token ids (needs vLLM's return_tokens_as_token_ids or return_token_ids)")
-
-
-def _logprobs_of(choice: dict[str, Any]) -> list[float]:
-    values = (choice.get("logprobs") or {}).get("token_logprobs")
-    if values is None:
-        raise BackendError("no log-probabilities")
-    return [float(v) for v in values]
-
-
-def _check_every_choice_ended(backend: Backend, ended: set[int], choices: int, what: str) -> None:
-    """An answer counts only once each of its choices has ended (a ``finish_reason``); else it is the engine's
-    fault, so no truncated reply is answered 200 nor published for the trainer."""
-    missing = sorted(set(range(choices)) - ended)
-    if missing:
-        backend.failures += 1
-        raise BackendError(f"backend {backend.address} {what} without finishing choice(s) {missing}: "
-                           "an unfinished reply")
-
-
-def whole_answer(backend: Backend, raw: bytes, choices: int) -> list[Completion]:
-    """A non-streamed completion's choices, by index; ``BackendError`` unless it is one, with ids and log-probs
-    for each of its ``choices`` (an error body, a chat completion or a proxy's page is the engine's fault)."""
-    try:
-        data = orjson.loads(raw)
-        if isinstance(data, dict) and "error" in data:
-            raise BackendError(f"an error: {str(data['error'])[:2000]}")
-        answer = [Completion(c["index"], _ids_of(c), _logprobs_of(c), c.get("text") or "",
-                             c.get("finish_reason") or "stop") for c in data["choices"]]
-    except (BackendError, ValueError, KeyError, TypeError) as exc:
-        backend.failures += 1
-        what = str(exc) if isinstance(exc, BackendError) else f"no completion ({type(exc).__name__}: {exc})"
-        raise BackendError(f"backend {backend.address} answered {what[:2000]}") from exc
-    _check_every_choice_ended(backend, {c.index for c in answer}, choices, "answered")
-    return sorted(answer, key=lambda c: c.index)
-
-
 def request_body(prompt_ids: list[int], sampling: dict[str, Any], model: str | None, stream: bool) -> dict[str, Any]:
     """The vLLM completions request of one call."""
     body = {"prompt": prompt_ids, "logprobs": 0, "return_tokens_as_token_ids": True,
@@ -155,7 +93,8 @@ request is never sent on a connection the server is closing."""
 
 class BackendPool:
     def __init__(self, addresses: list[str], timeout: float = 600.0, health_interval: float = 2.0,
-                 health_timeout: float = HEALTH_TIMEOUT, alive_window: float = ALIVE_WINDOW) -> None:
+                 health_timeout: float = HEALTH_TIMEOUT, alive_window: float = ALIVE_WINDOW,
+                 read_interval: float = 0.0) -> None:
         window = max(alive_window, 2 * health_interval + health_timeout)  # one slow probe after a pass: kept
         self.backends = {address: Backend(address, Liveness(window)) for address in addresses}
         self.health_timeout = aiohttp.ClientTimeout(total=health_timeout)
@@ -165,6 +104,8 @@ class BackendPool:
         self.model: str | None = None
         self._sticky: dict[str, str] = {}  # trajectory uid -> backend, for white-box callers (bounded)
         self.timeout = timeout
+        self.read_interval = read_interval
+        """Seconds a stream waits after a read before the next (``EngineStream``)."""
         self.session: aiohttp.ClientSession | None = None
         """Made by ``start``, on the event loop it serves."""
         self._health_task: asyncio.Task | None = None
@@ -314,99 +255,10 @@ class BackendPool:
         return backend.address, choices
 
     async def stream(self, prompt_ids: list[int], sampling: dict[str, Any],
-                     preferred: str | None = None) -> tuple[str, "EngineStream"]:
+                     preferred: str | None = None) -> tuple[str, EngineStream]:
         """A streaming call: connects (with the no-answer retry) before returning the stream."""
         backend, response = await self._send(request_body(prompt_ids, sampling, self.model, True), preferred)
-        return backend.address, EngineStream(backend, response, sampling.get("n") or 1)
+        return backend.address, EngineStream(backend, response, sampling.get("n") or 1, self.read_interval)
 
     def describe(self) -> list[dict[str, Any]]:
         return [b.describe() for b in self.backends.values()]
-
-
-class EngineStream:
-    """A streaming answer: its pieces in order, and ``close`` to cut it (the connection is closed, so
-    the engine stops generating at its next token); a stream read to its end keeps its connection.
-
-    Only a finished answer counts: a stream must end with ``[DONE]`` after a ``finish_reason`` for each
-    choice. A body that ends otherwise (an engine that stopped early, a proxy that cut it) is a
-    ``BackendError``: the agent gets a 502 and the trainer no truncated step. A JSON body instead of a
-    stream (an engine that ignored ``stream``, a proxy that buffers) is read as the whole answer when it is
-    a valid non-streamed completion: its ids and log-probs are exactly what was sampled, so capture stays
-    token-exact and only the chance to cut it for a weight update is lost, which a finished answer no
-    longer needs. A JSON body without them cannot be captured token-exactly and is refused (502).
-    """
-
-    def __init__(self, backend: Backend, response: aiohttp.ClientResponse, choices: int = 1) -> None:
-        self.backend, self.response, self.choices = backend, response, choices
-        self._open = True
-
-    def close(self, finished: bool = False) -> None:
-        if self._open:
-            self._open = False
-            self.backend.in_flight -= 1
-            self.response.release() if finished else self.response.close()
-
-    async def __aiter__(self) -> AsyncIterator[Completion]:
-        finished = False
-        try:
-            if self.response.content_type == "application/json":
-                pieces = whole_answer(self.backend, await self.response.read(), self.choices)
-            else:
-                pieces = self._events()
-            async for piece in _aiter(pieces):
-                yield piece
-            finished = self._open
-            if finished:  # a long stream's end is a later sign of life than its start
-                self.backend.liveness.answered(time.monotonic())
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            if self._open:  # not cut by us
-                self.backend.failures += 1
-            raise BackendError(f"backend {self.backend.address} broke off mid-stream: {exc}") from exc
-        finally:
-            self.close(finished)
-
-    async def _events(self) -> AsyncIterator[Completion]:
-        """The server-sent events' pieces, up to ``[DONE]``; ``BackendError`` if the body ends unfinished."""
-        ended: set[int] = set()
-        async for raw in self.response.content:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                _check_every_choice_ended(self.backend, ended, self.choices, "ended its stream")
-                return
-            chunk = orjson.loads(payload)
-            if not isinstance(chunk, dict) or "error" in chunk:
-                error = chunk.get("error") if isinstance(chunk, dict) else f"not a completion chunk: {chunk!r:.200}"
-                raise BackendError(f"backend {self.backend.address} failed mid-stream: {error}")
-            for choice in chunk.get("choices") or []:
-                piece = self._piece(choice)
-                if piece.finish_reason:
-                    ended.add(piece.index)
-                yield piece
-        if self._open:  # the body ended, not cut by us
-            self.backend.failures += 1
-            raise BackendError(f"backend {self.backend.address} ended its stream before [DONE]: an unfinished "
-                               "reply")
-
-    def _piece(self, choice: Any) -> Completion:
-        """One choice of a chunk; a malformed one is the engine's fault (502), not the gateway's (500)."""
-        try:
-            ids = _ids_of(choice) if (choice.get("token_ids") or choice.get("logprobs")) else []
-            return Completion(choice["index"], ids, _logprobs_of(choice) if ids else [], choice.get("text") or "",
-                              choice.get("finish_reason"))
-        except (BackendError, AttributeError, KeyError, TypeError) as exc:
-            self.backend.failures += 1
-            raise BackendError(f"backend {self.backend.address} streamed {exc}") from None
-
-
-async def _aiter(pieces: list[Completion] | AsyncIterator[Completion]) -> AsyncIterator[Completion]:
-    """A whole answer's choices or a stream's pieces, iterated alike."""
-    if isinstance(pieces, list):
-        for piece in pieces:
-            yield piece
-    else:
-        async with contextlib.aclosing(pieces):
-            async for piece in pieces:
-                yield piece

@@ -9,10 +9,11 @@ streamed as OpenAI chunks, is built from the same generation; tool calls are
 parsed from it when the request offers tools. Steps are acknowledged by the
 broker before the reply completes (before ``finish_reason`` when streaming).
 
-Step indices are taken when the engine has answered, under the trajectory's
-publish lock, and only acknowledged steps count as the trajectory's
-(``gateway.trajectories``): a call that fails, before or after the engine, never
-leaves an index for the worker to wait on or for a retry to reuse.
+The trajectory's lifecycle publishes the steps (``TrajectoryLifecycle.publish_call``):
+indices are taken when the engine has answered, under the trajectory's publish
+lock, and only acknowledged steps count as the trajectory's (``gateway.trajectories``):
+a call that fails, before or after the engine, never leaves an index for the worker
+to wait on or for a retry to reuse.
 
 The engine call is a ``gateway.generation``: streamed from the engine, cut by a
 weight update and continued after it, so the agent gets one reply and the step
@@ -43,7 +44,7 @@ from trajbus.gateway.responses import OrjsonResponse
 from trajbus.gateway.schemas import ChatCompletionRequest
 from trajbus.gateway.service import GatewayService
 from trajbus.gateway.trajectories import Trajectory
-from trajbus.streams.records import CONTINUES, SEGMENT_START, Step
+from trajbus.streams.records import SEGMENT_START
 
 log = logging.getLogger("trajbus.gateway")
 
@@ -84,8 +85,7 @@ class ChatCompletions:
     def __init__(self, service: GatewayService) -> None:
         self.require = service.require
         self.settings, self.tokenizer, self.backends = service.settings, service.tokenizer, service.backends
-        self.kafka, self.lifecycle, self.store, self.metrics = (service.kafka, service.lifecycle, service.store,
-                                                                service.metrics)
+        self.kafka, self.lifecycle, self.metrics = service.kafka, service.lifecycle, service.metrics
         self.updates = service.updates
 
     async def create(self, trajectory: Trajectory, request: ChatCompletionRequest, wait: float = 0.0):
@@ -128,7 +128,6 @@ class ChatCall:
                  messages: list[dict[str, Any]], prompt: Prompt, generation: Generation) -> None:
         self.parts, self.trajectory, self.request = parts, trajectory, request
         self.messages, self.prompt, self.prompt_ids, self.generation = messages, prompt, prompt.ids, generation
-        self.first_step = 0
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = request.model or parts.settings.served_model_name
@@ -146,41 +145,19 @@ class ChatCall:
             message["tool_calls"] = parsed.tool_calls
         return message
 
-    def _lineage(self, choice: int, moved: bool) -> dict[str, Any]:
-        """Where a step stands in its trajectory's token sequence (``SEGMENT_START`` / ``CONTINUES``)."""
-        previous = self.trajectory.context_step
-        if choice > 0 or (previous is not None and (self.prompt.new_segment or moved)):
-            return {SEGMENT_START: True}
-        if previous is not None and previous != self.first_step - 1:
-            return {CONTINUES: previous}
-        return {}
-
     async def _publish(self, backend: str, completions: list[Sampled],
                        parsed: list[tool_calls.ParsedOutput]) -> None:
+        """The call's steps, published by the trajectory's lifecycle (``TrajectoryLifecycle.publish_call``)."""
         t, parts = self.trajectory, self.parts
-        version = self.generation.began_with  # the version the call began with, its steps' policy_version
         parts.metrics.engine_latency.observe(time.monotonic() - self.started)
-        async with parts.lifecycle.publishing(t.trajectory_uid):  # the context this prompt continued is the last
-            try:  # taken for good: if the broker's answer is lost, the record may still land with it
-                self.first_step = await parts.store.write(parts.store.take_steps, t.trajectory_uid, len(completions))
-            except LookupError as exc:  # completed by a concurrent request since it was looked up
-                raise conflict(str(exc)) from None
-            moved = parts.store.context_step(t.trajectory_uid) != t.context_step
-            steps = [Step(prompt_ids=self.prompt_ids, response_ids=c.token_ids, trajectory_uid=t.trajectory_uid,
-                          prompt_uid=t.prompt_uid, step_index=self.first_step + i, policy_version=version,
-                          metadata={**t.metadata, "finish_reason": c.finish_reason, **self._lineage(i, moved)},
-                          rollout_log_probs=c.logprobs, channel=t.channel, n_rollouts=t.n_rollouts,
-                          version_segments=c.segments.wire(version))
-                     for i, c in enumerate(completions)]
-            await parts.kafka.publish(steps, t.channel, "chat", t.n_rollouts)
-            await parts.store.write(parts.store.record_published, t.trajectory_uid, self.first_step, len(steps),
-                                    self.messages + [self._message(parsed[0])], backend,
-                                    self.prompt_ids + completions[0].token_ids, self.first_step)
+        version = self.generation.began_with  # the version the call began with, its steps' policy_version
+        steps = await parts.lifecycle.publish_call(t, self.prompt, completions, version,
+                                                   self.messages + [self._message(parsed[0])], backend)
         kind = "first" if t.context_step is None else "new_segment" if SEGMENT_START in steps[0].metadata \
             else "continued"
         parts.metrics.prompts.labels(kind).inc()
         log.debug("chat step published trajectory=%s step=%d backend=%s prompt=%s", t.trajectory_uid,
-                  self.first_step, backend, kind)
+                  steps[0].step_index, backend, kind)
 
     def _usage(self, completions: list[Completion]) -> dict[str, int]:
         generated = sum(len(c.token_ids) for c in completions)

@@ -19,7 +19,7 @@ from trajbus.gateway.admission import SETTINGS as ADMISSION_SETTINGS
 from trajbus.gateway.admission import AdmissionRules
 from trajbus.gateway.channels import REFRESH_SECONDS
 from trajbus.gateway.conversation import CUMULATIVE, MULTI_TURN_MODES
-from trajbus.infra.arguments import positive_float, positive_int
+from trajbus.infra.arguments import non_negative_float, positive_float, positive_int
 from trajbus.infra.declared import add_flags, missing_flags, resolve, setting
 from trajbus.infra.kafka_config import add_connection_arguments
 from trajbus.infra.paths import trajbus_cache_dir
@@ -156,6 +156,11 @@ class GatewaySettings:
         help="'always': every call streams from the engine, so a weight update (POST /admin/pause) can cut it and "
              "continue it under the new weights; 'when-asked': a client that does not stream gets the engine's one "
              "JSON answer (about 6 us of gateway CPU a token less), which a pause cannot cut and waits for")
+    engine_read_interval: float = setting(
+        0.0, parse=non_negative_float,
+        help="seconds the gateway waits after reading an engine stream before it reads again, so a fast engine's "
+             "tokens are read many at a time (less gateway CPU a token) at the price of up to this much latency at "
+             "a call's end; 0 reads as soon as bytes arrive")
     max_pause: float = setting(
         300.0, parse=positive_float,
         help="seconds generation may stay paused for a weight update (POST /admin/pause) before the calls it "

@@ -19,7 +19,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from trajbus.gateway.backends import BackendPool, Completion, EngineStream
+from trajbus.gateway.backends import BackendPool
+from trajbus.gateway.engine_answers import Completion, EngineStream
 from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.gateway.updates import UpdateGate
 from trajbus.streams.versions import Segments

@@ -1,4 +1,4 @@
-"""The gateway's one link to Kafka: the acknowledged producer, the policy versions, the outage watch.
+"""The gateway's one link to Kafka: the acknowledged producer, the channels there are, the outage watch.
 
 The link connects in a background thread, so the HTTP server answers (``/ready``
 says what is missing) before Kafka does, and retries with backoff until it is connected,
@@ -26,7 +26,6 @@ from trajbus.infra.kafka_config import authentication_failure, connection_proper
 from trajbus.infra.outage import OutageWatch
 from trajbus.infra.retry import Stopped, retrying
 from trajbus.infra.topics import admin_client
-from trajbus.streams.policy import PolicyWatcher
 from trajbus.streams.producer import DeliveryError, StepProducer, TopicsUnavailable
 from trajbus.streams.records import Step
 
@@ -46,14 +45,13 @@ def kafka_failure(exc: DeliveryError, consequence: str) -> GatewayError:
 
 
 class KafkaLink:
-    """Connects, publishes acknowledged records, and knows the channels there are and their policy versions."""
+    """Connects, publishes acknowledged records, and knows the channels there are."""
 
     def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics,
                  on_connected: Callable[[str], None], give_up: Callable[[str], None]) -> None:
         self.settings, self.metrics = settings, metrics
         self._on_connected, self._give_up = on_connected, give_up
         self.producer: StepProducer | None = None
-        self.policy: PolicyWatcher | None = None
         self.outage: OutageWatch | None = None
         self.bootstrap_servers: str | None = None
         self.error: str | None = "connecting to Kafka"
@@ -65,7 +63,7 @@ class KafkaLink:
 
     def _connect(self) -> None:
         """Resolve the broker, provision the default (and declared) channels, read the channels there are,
-        follow the policy topic. Retried with backoff (``infra.retry``) for up to ``--broker-outage-limit``
+        tell the parts that follow Kafka (``on_connected``). Retried with backoff (``infra.retry``) for up to ``--broker-outage-limit``
         seconds, as an outage once connected is; past it the gateway gives up for a supervisor."""
         limit = self.settings.broker_outage_limit
         try:
@@ -96,7 +94,6 @@ class KafkaLink:
                 producer.provision(channel)
             admin = admin_client(servers)
             self.channels.connect(lambda: cluster_metadata(admin, TOPICS_LIST_TIMEOUT).topics)
-            self.policy = PolicyWatcher(servers, prefix=self.settings.prefix)
             self._on_connected(servers)
             self.producer, self.error, self.bootstrap_servers = producer, None, servers
         except Exception as exc:  # reported by /ready; retried
@@ -111,8 +108,6 @@ class KafkaLink:
         self._stop.set()
         if self.outage is not None:
             self.outage.stop()
-        if self.policy is not None:
-            self.policy.close()
         if self.producer is not None:
             self.producer.close()
 
@@ -170,14 +165,3 @@ class KafkaLink:
         producer = self.require()
         await producer.complete_trajectory_async(trajectory_uid, prompt_uid, reward, channel, n_rollouts, metadata,
                                                  steps)
-
-    # -- policy versions --------------------------------------------------------
-    def serving(self, channel: str) -> int | None:
-        """The version the engines serve on a channel (None: not published yet)."""
-        return self.policy.serving(channel) if self.policy is not None else None
-
-    def trainer_version(self, channel: str) -> int | None:
-        return self.policy.current(channel) if self.policy is not None else None
-
-    def versions(self) -> dict[str, Any]:
-        return self.policy.versions() if self.policy is not None else {}

@@ -1,9 +1,10 @@
-"""A black-box trajectory's life: initialized (admitted), registered, called, completed.
+"""A trajectory's life: initialized (admitted), registered, called, completed.
 
 The state lives in ``gateway.trajectories`` (SQLite under ``--state-dir``), so a
 restarted instance continues its trajectories; this part holds the rules: who
-may call, what a completion publishes, and that one trajectory's calls publish
-one at a time.
+may call, what a call and a completion publish, and that one trajectory's calls
+publish one at a time. A white-box trajectory (``/generate``, ``/submit_steps``)
+is admitted at its first generation and leaves pacing with its last step.
 """
 
 from __future__ import annotations
@@ -13,17 +14,19 @@ import dataclasses
 import logging
 import secrets
 import weakref
-from typing import Any
+from typing import Any, Protocol, Sequence
 
+from trajbus.gateway.conversation import Prompt
 from trajbus.gateway.errors import GatewayError, bad_request, conflict, from_value_error, not_found
 from trajbus.gateway.kafka_link import END_NOT_ACKNOWLEDGED, KafkaLink, kafka_failure
 from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.gateway.pacing import Pacing
 from trajbus.gateway.rewards import RewardScorer
+from trajbus.gateway.served_version import ServedVersion
 from trajbus.gateway.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
-from trajbus.gateway.updates import UpdateGate
 from trajbus.streams.producer import DeliveryError, TopicsUnavailable
-from trajbus.streams.records import validate_metadata
+from trajbus.streams.records import CONTINUES, SEGMENT_START, Step, validate_metadata
+from trajbus.streams.versions import Segments
 
 log = logging.getLogger("trajbus.gateway")
 
@@ -57,13 +60,32 @@ def reward_input(trajectory: Trajectory) -> dict[str, Any]:
             "response_text": last.get("content") or ""}
 
 
+class SampledChoice(Protocol):
+    """One choice of an engine call, as publication reads it (``gateway.generation.Sampled``)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None
+    segments: Segments
+
+
+def lineage(previous: int | None, first_step: int, choice: int, new_segment: bool) -> dict[str, Any]:
+    """Where a call's step stands in its trajectory's token sequence (``SEGMENT_START`` / ``CONTINUES``):
+    ``previous``, the step whose tokens the prompt continued (None: the first call)."""
+    if choice > 0 or (previous is not None and new_segment):
+        return {SEGMENT_START: True}
+    if previous is not None and previous != first_step - 1:
+        return {CONTINUES: previous}
+    return {}
+
+
 class TrajectoryLifecycle:
     """The rules of a trajectory's life, over its stored state."""
 
     def __init__(self, default_channel: str, store: TrajectoryStore, kafka: KafkaLink, pacing: Pacing,
-                 rewards: RewardScorer, metrics: GatewayMetrics, updates: UpdateGate | None = None) -> None:
+                 rewards: RewardScorer, metrics: GatewayMetrics, served: ServedVersion) -> None:
         self.default_channel, self.store, self.kafka, self.pacing = default_channel, store, kafka, pacing
-        self.rewards, self.metrics, self.updates = rewards, metrics, updates
+        self.rewards, self.metrics, self.served = rewards, metrics, served
         self._publishing: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     async def channel(self, channel: str | None) -> str:
@@ -78,16 +100,11 @@ class TrajectoryLifecycle:
             lock = self._publishing[trajectory_uid] = asyncio.Lock()
         return lock
 
-    def serving(self, channel: str | None = None) -> int:
-        """The version the engines serve: the newer of Kafka's and the last resume's (a resume may come
-        before the gateway reads the version from Kafka); 0 when neither is known."""
-        known = [v for v in (self.kafka.serving(channel or self.default_channel),
-                             self.updates.version if self.updates is not None else None) if v is not None]
-        return max(known) if known else 0
-
     def policy_version(self, trajectory: Trajectory) -> int:
         """What its steps are stamped with: the version it declared, else the one the engines serve."""
-        return trajectory.policy_version if trajectory.policy_version is not None else self.serving(trajectory.channel)
+        if trajectory.policy_version is not None:
+            return trajectory.policy_version
+        return self.served.stamp(trajectory.channel)
 
     async def init(self, prompt_uid: str | None, channel: str | None, n_rollouts: int | None,
                    metadata: dict[str, Any] | None, policy_version: int | None, wait: float = 0.0) -> Trajectory:
@@ -164,3 +181,52 @@ class TrajectoryLifecycle:
         log.info("trajectory completed trajectory=%s prompt=%s steps=%d reward=%s", uid, trajectory.prompt_uid,
                  current.published_steps, reward)
         return reward, current
+
+    async def publish_call(self, trajectory: Trajectory, prompt: Prompt, choices: Sequence[SampledChoice],
+                           version: int, conversation: list[dict[str, Any]], backend: str) -> list[Step]:
+        """Publish a black-box call's steps, one per choice, once the engine answered: their indices taken
+        under the trajectory's publish lock (for good: a record whose fate is unknown may still land), each
+        placed in the trajectory's token sequence, acknowledged by the broker, then recorded with the
+        conversation and the tokens the next call continues. 409 when the trajectory was completed since."""
+        uid = trajectory.trajectory_uid
+        async with self.publishing(uid):  # the context this prompt continued is the last
+            try:
+                first = await self.store.write(self.store.take_steps, uid, len(choices))
+            except LookupError as exc:  # completed by a concurrent request since it was looked up
+                raise conflict(str(exc)) from None
+            new_segment = prompt.new_segment or self.store.context_step(uid) != trajectory.context_step
+            steps = [Step(prompt_ids=prompt.ids, response_ids=c.token_ids, trajectory_uid=uid,
+                          prompt_uid=trajectory.prompt_uid, step_index=first + i, policy_version=version,
+                          metadata={**trajectory.metadata, "finish_reason": c.finish_reason,
+                                    **lineage(trajectory.context_step, first, i, new_segment)},
+                          rollout_log_probs=c.logprobs, channel=trajectory.channel, n_rollouts=trajectory.n_rollouts,
+                          version_segments=c.segments.wire(version))
+                     for i, c in enumerate(choices)]
+            await self.kafka.publish(steps, trajectory.channel, "chat", trajectory.n_rollouts)
+            await self.store.write(self.store.record_published, uid, first, len(steps), conversation, backend,
+                                   prompt.ids + choices[0].token_ids, first)
+        return steps
+
+    # -- white-box trajectories ---------------------------------------------------
+    async def admit_generation(self, trajectory_uid: str | None, prompt_uid: str | None, channel: str | None,
+                               step_index: int | None, policy_version: int | None, wait: float) -> None:
+        """A white-box trajectory is admitted at its first ``/generate`` (step 0, not admitted yet); its later
+        calls keep it from the idle timeout. Admission counts groups in flight by their prompt's id."""
+        if trajectory_uid is None:
+            return
+        if self.pacing.admitted(trajectory_uid) or step_index:
+            self.pacing.touch(trajectory_uid)
+            return
+        if self.pacing.active and prompt_uid is None:
+            raise missing_prompt_uid()
+        await self.pacing.admit(trajectory_uid, await self.channel(channel), prompt_uid, policy_version, wait)
+
+    async def submit(self, steps: list[Step], channel: str | None, n_rollouts: int | None) -> tuple[int, str]:
+        """Publish a white-box agent's own steps, acknowledged; a trajectory whose last step is among them is
+        finished and leaves the backlog's in-flight count. Returns the count and the channel."""
+        channel = await self.channel(channel)
+        count = await self.kafka.publish(steps, channel, "submit_steps", n_rollouts)
+        for step in steps:
+            if step.is_last:
+                self.pacing.release(step.trajectory_uid)
+        return count, channel

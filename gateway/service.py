@@ -2,7 +2,8 @@
 
 The HTTP server starts answering before anything is ready; the tokenizer loads
 and Kafka connects in background threads, and ``/ready`` reports what is still
-missing. Each part has one concern: ``KafkaLink`` (records and policy versions),
+missing. Each part has one concern: ``KafkaLink`` (records), ``ServedVersion`` (the
+policy version the engines serve),
 ``Pacing`` (admission of new trajectories), ``TrajectoryLifecycle`` (the rules of
 a trajectory's life), ``StateSweeper`` (bounded state), ``BackendPool`` (engines),
 ``UpdateGate`` (weight updates: pause, cut, resume).
@@ -25,6 +26,7 @@ from trajbus.gateway.lifecycle import TrajectoryLifecycle
 from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.gateway.pacing import Pacing
 from trajbus.gateway.rewards import RewardScorer
+from trajbus.gateway.served_version import ServedVersion
 from trajbus.gateway.sweeper import StateSweeper
 from trajbus.gateway.tokenizer import ChatTokenizer
 from trajbus.gateway.trajectories import TrajectoryStore
@@ -42,15 +44,17 @@ class GatewayService:
         self.settings = settings
         self.metrics = GatewayMetrics(settings.instance, settings.base_address)
         self.tokenizer = ChatTokenizer(settings.tokenizer_path, settings.multi_turn)
-        self.backends = BackendPool(settings.vllm_addresses, settings.backend_timeout, settings.health_interval)
+        self.backends = BackendPool(settings.vllm_addresses, settings.backend_timeout, settings.health_interval,
+                                    read_interval=settings.engine_read_interval)
         self.store = TrajectoryStore(settings.state_dir)
         self.rewards = RewardScorer(settings.reward_function, settings.reward_worker_name,
                                     settings.ray_address, settings.ray_namespace)
         self.kafka = KafkaLink(settings, self.metrics, on_connected=self._kafka_connected, give_up=self._give_up)
-        self.pacing = Pacing(settings, self.metrics, self.kafka.serving, self.kafka.trainer_version)
-        self.updates = UpdateGate(settings.max_pause, self.metrics)
+        self.served = ServedVersion(settings.prefix, settings.default_channel)
+        self.pacing = Pacing(settings, self.metrics, self.served.serving, self.served.trainer)
+        self.updates = UpdateGate(settings.max_pause, self.metrics, self.served)
         self.lifecycle = TrajectoryLifecycle(settings.default_channel, self.store, self.kafka, self.pacing,
-                                             self.rewards, self.metrics, self.updates)
+                                             self.rewards, self.metrics, self.served)
         self.sweeper = StateSweeper(settings, self.store, self.metrics)
         self.stop_serving: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM)
         """Ends the HTTP server gracefully (``gateway.server`` sets it to uvicorn's own exit flag)."""
@@ -70,6 +74,7 @@ class GatewayService:
                  self.settings.base_address, ",".join(self.settings.vllm_addresses), self.store.path)
 
     def _kafka_connected(self, servers: str) -> None:
+        self.served.watch(servers)
         self.pacing.watch(servers)
 
     def _give_up(self, reason: str) -> None:
@@ -83,6 +88,7 @@ class GatewayService:
         await asyncio.to_thread(self.pacing.close)
         await self.backends.close()
         await asyncio.to_thread(self.kafka.close)
+        await asyncio.to_thread(self.served.close)
         self.store.close()
         log.info("gateway stopped: producer flushed, trajectory state closed")
 
@@ -127,7 +133,7 @@ class GatewayService:
                 "uptime_seconds": round(time.time() - self.started_at, 1),
                 "ready": not self.readiness(), "not_ready": self.readiness(),
                 "trajectories": self.store.counts(), "state_bytes": self.store.bytes_in_use(),
-                "policy_versions": self.kafka.versions(),
+                "policy_versions": self.served.versions(),
                 "steps_published": total(self.metrics.steps),
                 "tokens": total(self.metrics.tokens),
                 "prompts": total(self.metrics.prompts),

@@ -26,8 +26,9 @@ import asyncio
 import time
 from typing import Any, Protocol
 
-from trajbus.gateway.errors import GatewayError, conflict, unavailable
+from trajbus.gateway.errors import GatewayError, unavailable
 from trajbus.gateway.metrics import GatewayMetrics
+from trajbus.gateway.served_version import ServedVersion
 
 RETRY_SECONDS = 1
 """What a call refused during a pause is told to wait: updates usually take seconds."""
@@ -44,14 +45,12 @@ class Cuttable(Protocol):
 
 
 class UpdateGate:
-    """Whether generation is paused, the version the last resume named, and the generations in flight."""
+    """Whether generation is paused, and the generations in flight; a resume tells ``served`` its version."""
 
-    def __init__(self, max_pause: float, metrics: GatewayMetrics) -> None:
-        self.max_pause, self.metrics = max_pause, metrics
+    def __init__(self, max_pause: float, metrics: GatewayMetrics, served: ServedVersion) -> None:
+        self.max_pause, self.metrics, self.served = max_pause, metrics, served
         self.paused_at: float | None = None
         """``time.monotonic()`` of the pause in force, None while generating."""
-        self.version: int | None = None
-        """The version the engines serve, as the last resume said (None: never resumed here)."""
         self.running: set[Cuttable] = set()
         self._resumed = asyncio.Event()
         self._resumed.set()
@@ -80,9 +79,9 @@ class UpdateGate:
                 return
 
     # -- the trainer's side ------------------------------------------------------------
-    async def pause(self, drain: bool = False, serving: int | None = None) -> dict[str, Any]:
+    async def pause(self, drain: bool = False) -> dict[str, Any]:
         """Hold new engine calls and cut (or, ``drain``, wait out) the generations in flight. The answer
-        says how many were cut and the version served (``serving``: Kafka's, when no resume named one)."""
+        says how many were cut and the version served."""
         if not self.paused:
             self.paused_at = time.monotonic()
             self._resumed = asyncio.Event()
@@ -95,14 +94,11 @@ class UpdateGate:
         await self._until_ended(drain)
         return {"paused": True, "cut": cut, "in_flight": len(self.running),
                 "paused_seconds": round(time.monotonic() - self.paused_at, 3),
-                "serving": self.version if self.version is not None else serving}
+                "serving": self.served.serving()}
 
-    def resume(self, version: int, serving: int | None) -> dict[str, Any]:
+    def resume(self, version: int) -> dict[str, Any]:
         """Generate again, under ``version``; 409 when it is older than the version served."""
-        current = self.version if self.version is not None else serving
-        if current is not None and version < current:
-            raise conflict(f"version {version} is older than the version served, {current}")
-        self.version = version
+        self.served.resume(version)
         paused_for = 0.0
         if self.paused:
             paused_for = time.monotonic() - self.paused_at
@@ -135,7 +131,7 @@ class UpdateGate:
         if self.paused and not await self._wait(max(self.remaining(), 0.0)):
             self.metrics.generations.labels("expired").inc()
             raise self.too_long()
-        return self.version
+        return self.served.resumed
 
     async def _wait(self, seconds: float) -> bool:
         resumed = self._resumed
@@ -152,5 +148,5 @@ class UpdateGate:
                            retry_after=RETRY_SECONDS)
 
     def state(self) -> dict[str, Any]:
-        return {"paused": self.paused, "version": self.version, "in_flight": len(self.running),
+        return {"paused": self.paused, "version": self.served.resumed, "in_flight": len(self.running),
                 "paused_seconds": round(time.monotonic() - self.paused_at, 3) if self.paused else 0.0}

@@ -25,3 +25,14 @@ def positive_float(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
     return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (0 turns the thing off); anything else is a usage error (exit code 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value

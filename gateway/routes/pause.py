@@ -18,11 +18,11 @@ def pause_router(service: GatewayService, admin: list) -> APIRouter:
 
     @router.post("/admin/pause")
     async def pause(body: PauseRequest | None = None) -> dict[str, Any]:
-        return await gate.pause((body or PauseRequest()).drain, service.kafka.serving(service.settings.default_channel))
+        return await gate.pause((body or PauseRequest()).drain)
 
     @router.post("/admin/resume")
     async def resume(body: ResumeRequest) -> dict[str, Any]:
-        return gate.resume(body.version, service.kafka.serving(service.settings.default_channel))
+        return gate.resume(body.version)
 
     @router.get("/admin/pause")
     async def state() -> dict[str, Any]:

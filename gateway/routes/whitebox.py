@@ -14,7 +14,6 @@ from trajbus.gateway.backends import BackendError, NoBackendAvailable
 from trajbus.gateway.chat import backend_failure, check_prompt_length
 from trajbus.gateway.errors import bad_request, from_validation_error
 from trajbus.gateway.generation import Generation
-from trajbus.gateway.lifecycle import missing_prompt_uid
 from trajbus.gateway.schemas import (CHANNEL_PATTERN, GenerateRequest, RewardRequest, SubmitStepsRequest,
                                      step_from_json, submit_steps_schema)
 from trajbus.gateway.service import GatewayService
@@ -63,7 +62,7 @@ def submitted_steps(body: Any) -> tuple[list[Step], int | None]:
 
 def whitebox_router(service: GatewayService, admin: list) -> APIRouter:
     router = APIRouter(dependencies=admin)
-    settings, backends, pacing, lifecycle = service.settings, service.backends, service.pacing, service.lifecycle
+    settings, backends, lifecycle = service.settings, service.backends, service.lifecycle
 
     @router.post("/generate")
     async def generate(body: GenerateRequest, wait: float = Query(0.0, ge=0, le=settings.max_admission_wait,
@@ -71,16 +70,11 @@ def whitebox_router(service: GatewayService, admin: list) -> APIRouter:
         service.require("backend")
         check_prompt_length(body.prompt_ids, settings.prompt_length, what="prompt_ids")
         uid = body.trajectory_uid
-        if uid is not None and not pacing.admitted(uid) and not body.step_index:
-            if pacing.active and body.prompt_uid is None:  # admission counts groups in flight by it
-                raise missing_prompt_uid()
-            await pacing.admit(uid, await lifecycle.channel(body.channel), body.prompt_uid, body.policy_version,
-                               wait)
-        elif uid is not None:
-            pacing.touch(uid)
+        await lifecycle.admit_generation(uid, body.prompt_uid, body.channel, body.step_index, body.policy_version,
+                                         wait)
         sampling = body.engine_params(settings.response_length)
         await service.updates.hold(wait)
-        version = body.policy_version if body.policy_version is not None else service.lifecycle.serving()
+        version = body.policy_version if body.policy_version is not None else service.served.stamp(body.channel)
         generation = Generation(backends, service.updates, service.metrics, body.prompt_ids, sampling, version,
                                 backends.remembered(uid), service.tokenizer.stop_ids,
                                 settings.engine_streaming == "always")
@@ -103,11 +97,7 @@ def whitebox_router(service: GatewayService, admin: list) -> APIRouter:
     async def submit_steps(request: Request, channel: str = Query(settings.default_channel, pattern=CHANNEL_PATTERN)
                            ) -> dict[str, Any]:
         steps, n_rollouts = submitted_steps(await json_body(request))
-        channel = await lifecycle.channel(channel)
-        count = await service.kafka.publish(steps, channel, "submit_steps", n_rollouts)
-        for step in steps:
-            if step.is_last:  # a white-box trajectory is finished: it leaves the backlog's in-flight count
-                pacing.release(step.trajectory_uid)
+        count, channel = await lifecycle.submit(steps, channel, n_rollouts)
         return {"published": count, "channel": channel}
 
     @router.post("/compute_reward")

@@ -8,6 +8,7 @@ import pytest
 
 from trajbus.gateway.errors import GatewayError
 from trajbus.gateway.metrics import GatewayMetrics
+from trajbus.gateway.served_version import ServedVersion
 from trajbus.gateway.updates import UpdateGate
 
 
@@ -35,16 +36,36 @@ async def until(condition, what: str, timeout: float = 5.0) -> None:
         await asyncio.sleep(0)
 
 
-def gate(max_pause: float = 30.0) -> UpdateGate:
-    return UpdateGate(max_pause, GatewayMetrics("test", "http://test"))
+class Published:
+    """The policy topic as followed: the version the engines serve, as the trainer published it."""
+
+    def __init__(self, serving: int | None) -> None:
+        self.version = serving
+
+    def serving(self, channel: str) -> int | None:
+        return self.version
+
+    def current(self, channel: str) -> int | None:
+        return self.version
+
+    def versions(self) -> dict[str, int]:
+        return {} if self.version is None else {"serving.global": self.version}
+
+    def close(self) -> None:
+        pass
+
+
+def gate(max_pause: float = 30.0, serving: int | None = None) -> UpdateGate:
+    served = ServedVersion("trajbus", "train", Published(serving))
+    return UpdateGate(max_pause, GatewayMetrics("test", "http://test"), served)
 
 
 def test_a_pause_cuts_what_runs_holds_new_calls_and_a_resume_releases_them():
     async def scenario() -> None:
-        updates = gate()
+        updates = gate(serving=4)
         running = Reader()
         updates.enter(running)
-        paused = await updates.pause(serving=4)
+        paused = await updates.pause()
         assert paused["cut"] == 1 and paused["serving"] == 4 and running.task.cancelled()
         again = await updates.pause()  # idempotent: still paused, nothing left reading to cut
         assert again["paused"] is True and again["cut"] == 0 and again["in_flight"] == 1
@@ -55,12 +76,13 @@ def test_a_pause_cuts_what_runs_holds_new_calls_and_a_resume_releases_them():
         waiting = asyncio.create_task(updates.resumed())
         await asyncio.sleep(0)
         assert not held.done() and not waiting.done()
-        assert updates.resume(5, serving=4)["paused"] is False
+        assert updates.resume(5)["paused"] is False
         await held
         assert await waiting == 5 and not updates.paused
-        assert updates.resume(5, serving=4)["paused_seconds"] == 0.0  # idempotent
+        assert updates.resume(5)["paused_seconds"] == 0.0  # idempotent
+        assert updates.served.serving() == 5  # the newer of the resume's and the topic's
         with pytest.raises(GatewayError) as older:
-            updates.resume(4, serving=6)
+            updates.resume(4)
         assert older.value.status == 409
 
     asyncio.run(scenario())
@@ -68,7 +90,7 @@ def test_a_pause_cuts_what_runs_holds_new_calls_and_a_resume_releases_them():
 
 def test_an_older_version_than_the_one_served_is_refused_before_any_resume():
     with pytest.raises(GatewayError, match="older than the version served, 7"):
-        gate().resume(6, serving=7)
+        gate(serving=7).resume(6)
 
 
 def test_past_the_pause_limit_held_and_cut_calls_end_with_a_retryable_503():
