@@ -41,12 +41,12 @@ from trajbus.consumers.backends import VerlBackend
 from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.infra.topics import describe_topics
 from trajbus.pipelines.processes import worker_process
-from trajbus.streams import codec
-from trajbus.streams.app import STATE_TABLE
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.records import Step
-from trajbus.streams.stats import applied_positions, read_snapshots
-from trajbus.streams.topics import steps_topic
+from trajbus.streams.wire import codec
+from trajbus.streams.worker.assembler import STATE_TABLE
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.records import Step
+from trajbus.streams.worker.stats import applied_positions, read_snapshots
+from trajbus.streams.wire.topics import steps_topic
 from trajbus.pipelines.tables import print_table as draw_table
 
 RESULTS = Path(__file__).resolve().parent / "results"

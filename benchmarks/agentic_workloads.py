@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trajbus.streams.records import Step
+from trajbus.streams.wire.records import Step
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from trajbus.infra.clients import acked_producer, reader
 from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.infra.topics import TopicSpec, ensure_topics
 from trajbus.pipelines.processes import worker_process
-from trajbus.streams import codec
-from trajbus.streams.producer import StepProducer
+from trajbus.streams.wire import codec
+from trajbus.streams.client.producer import StepProducer
 from trajbus.pipelines.synthetic import make_groups
 from trajbus.pipelines.tables import print_table
 

@@ -13,8 +13,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from trajbus.streams import codec
-from trajbus.streams.records import Step
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.records import Step
 from trajbus.pipelines.tables import print_table
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -29,7 +29,7 @@ from transformers import PreTrainedTokenizerFast
 
 from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.gpu_worker import to_device
-from trajbus.streams.records import Step
+from trajbus.streams.wire.records import Step
 from trajbus.pipelines.tables import print_table
 
 RESULTS = Path(__file__).resolve().parent / "results"

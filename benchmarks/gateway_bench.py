@@ -47,8 +47,8 @@ from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.infra.local import free_ports
 from trajbus.pipelines.processes import ServiceProcess, free_port, gateway_process, scripted_engine_process, wait_http
 from trajbus.pipelines.tables import print_table
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.records import Step
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.records import Step
 
 TURNS = 10
 REPLY = ("Checked the file; the failing assertion compares the parsed header against the raw bytes, so "

@@ -55,8 +55,8 @@ from trajbus.infra import tiny_model
 from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.pipelines.processes import free_port, gateway_process, scripted_engine_process, wait_http, worker_process
 from trajbus.pipelines.tables import print_table
-from trajbus.streams.policy import PolicyVersionPublisher
-from trajbus.streams.producer import StepProducer
+from trajbus.streams.client.policy import PolicyVersionPublisher
+from trajbus.streams.client.producer import StepProducer
 
 SENTENCE = "Read the failing test, found the off-by-one in the parser, patched it and re-ran the suite. "
 MODES = ("drain", "cut")

@@ -34,8 +34,8 @@ import numpy as np
 
 from trajbus.consumers.off_policy import staleness
 from trajbus.consumers.rows import Row, check_group, name, step_rows, structured_rows, trajectory_rows
-from trajbus.streams.prefix import StructuredGroup
-from trajbus.streams.records import Step
+from trajbus.streams.wire.prefix import StructuredGroup
+from trajbus.streams.wire.records import Step
 
 if TYPE_CHECKING:  # verl is imported when a batch is built, not when trajbus is
     from verl import DataProto

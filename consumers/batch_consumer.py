@@ -30,12 +30,12 @@ from trajbus.infra.retry import retrying
 from trajbus.consumers import metrics
 from trajbus.consumers.backends import TrainingBackend
 from trajbus.consumers.rows import check_group
-from trajbus.streams import codec
-from trajbus.streams.chunks import ChunkReader
-from trajbus.streams.dlq import dead_letter
-from trajbus.streams.prefix import StructuredGroup
-from trajbus.streams.records import ReadyGroup, Step
-from trajbus.streams.topics import DEFAULT_PREFIX, groups_topic, trainer_group_id, validate_channel
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.chunks import ChunkReader
+from trajbus.streams.client.dlq import dead_letter
+from trajbus.streams.wire.prefix import StructuredGroup
+from trajbus.streams.wire.records import ReadyGroup, Step
+from trajbus.streams.wire.topics import DEFAULT_PREFIX, groups_topic, trainer_group_id, validate_channel
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.batch_consumer import BatchConsumer
-from trajbus.streams.topics import DEFAULT_PREFIX, trainer_group_id
+from trajbus.streams.wire.topics import DEFAULT_PREFIX, trainer_group_id
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trajbus.streams.policy import PolicyVersionPublisher
+from trajbus.streams.client.policy import PolicyVersionPublisher
 
 if TYPE_CHECKING:
     import torch

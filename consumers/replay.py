@@ -31,12 +31,12 @@ from confluent_kafka import Consumer, TopicPartition
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.clients import acked_producer, reader
 from trajbus.infra.topics import ensure_topics, read_partition, watermarks
-from trajbus.streams import codec
-from trajbus.streams.chunks import ChunkReader, produce_group
-from trajbus.streams.prefix import PrefixError, PrefixResolver, StepDelta, step_of
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
-from trajbus.streams.topics import (DEFAULT_PREFIX, TopicSettings, chunks_topic, groups_topic, steps_topic,
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.chunks import ChunkReader, produce_group
+from trajbus.streams.wire.prefix import PrefixError, PrefixResolver, StepDelta, step_of
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.records import ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.wire.topics import (DEFAULT_PREFIX, TopicSettings, chunks_topic, groups_topic, steps_topic,
                                    validate_channel)
 
 log = logging.getLogger(__name__)

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trajbus.streams.prefix import PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL, StepDelta, \
+from trajbus.streams.wire.prefix import PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL, StepDelta, \
     StructuredGroup, as_tokens
-from trajbus.streams.records import CONTINUES, SEGMENT_START, Step
-from trajbus.streams.versions import token_versions
+from trajbus.streams.wire.records import CONTINUES, SEGMENT_START, Step
+from trajbus.streams.wire.versions import token_versions
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Row:
     """The row's steps; from a ``StructuredGroup`` their ``prompt_ids`` are only the stored tokens."""
     versions: np.ndarray | None = None
     """One policy version per response token (int64): the version that sampled it (a weight update may cut a
-    generation, ``streams.versions``); tokens between two model outputs take the next step's version."""
+    generation, ``streams.wire.versions``); tokens between two model outputs take the next step's version."""
 
 
 def step_versions(step: Step, between: int = 0) -> np.ndarray:

@@ -18,10 +18,10 @@ from typing import Any, TextIO
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Message, TopicPartition
 
 from trajbus.infra.clients import reader
-from trajbus.streams import codec
-from trajbus.streams.dlq import REASON
-from trajbus.streams.prefix import StepDelta
-from trajbus.streams.records import ChunkedGroup, ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.wire import codec
+from trajbus.streams.client.dlq import REASON
+from trajbus.streams.wire.prefix import StepDelta
+from trajbus.streams.wire.records import ChunkedGroup, ReadyGroup, Step, TrajectoryEnd
 
 log = logging.getLogger(__name__)
 

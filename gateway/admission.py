@@ -12,7 +12,7 @@ of a trajectory uid) is admitted only while, on its channel,
   under ``max_backlog_groups``; a further rollout of a group already in flight
   here adds no group and is not held back by it;
 - the policy version it would start at is at most ``max_staleness`` versions
-  behind the trainer's (``streams.policy``: a declared version, else the one the
+  behind the trainer's (``streams.client.policy``: a declared version, else the one the
   engines serve).
 
 Otherwise it is answered 429 with ``Retry-After``, or held (``?wait=SECONDS``)

@@ -28,7 +28,7 @@ from typing import Callable
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from trajbus.infra.clients import acked_producer, reader
-from trajbus.streams.topics import groups_topic, stats_topic, trainer_group_id
+from trajbus.streams.wire.topics import groups_topic, stats_topic, trainer_group_id
 
 log = logging.getLogger("trajbus.gateway")
 

@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 
 from trajbus.gateway.errors import GatewayError, bad_request, unavailable
 from trajbus.gateway.schemas import CHANNEL_PATTERN
-from trajbus.streams.topics import validate_channel
+from trajbus.streams.wire.topics import validate_channel
 
 CHANNEL = re.compile(CHANNEL_PATTERN)
 REFRESH_SECONDS = 2.0
@@ -71,7 +71,7 @@ class KnownChannels:
 
     def _read(self) -> None:
         """The channels of the steps topics under the prefix (blocking: a metadata request)."""
-        start = f"{self.prefix}.steps."  # streams.topics.steps_topic without its channel
+        start = f"{self.prefix}.steps."  # streams.wire.topics.steps_topic without its channel
         self._read_at = time.monotonic()
         try:
             names = self._topic_names()

@@ -44,7 +44,7 @@ from trajbus.gateway.responses import OrjsonResponse
 from trajbus.gateway.schemas import ChatCompletionRequest
 from trajbus.gateway.service import GatewayService
 from trajbus.gateway.trajectories import Trajectory
-from trajbus.streams.records import SEGMENT_START
+from trajbus.streams.wire.records import SEGMENT_START
 
 log = logging.getLogger("trajbus.gateway")
 

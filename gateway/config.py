@@ -24,7 +24,7 @@ from trajbus.infra.declared import add_flags, missing_flags, resolve, setting
 from trajbus.infra.kafka_config import add_connection_arguments
 from trajbus.infra.paths import trajbus_cache_dir
 from trajbus.infra.shared_settings import outage_limit_setting
-from trajbus.streams.topics import DEFAULT_PREFIX, channel_setting, validate_channel
+from trajbus.streams.wire.topics import DEFAULT_PREFIX, channel_setting, validate_channel
 
 DEFAULT_PORT = 8100
 ENGINE_STREAMING = ("always", "when-asked")

@@ -15,7 +15,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from trajbus.streams.stats import read_snapshots, summarize
+from trajbus.streams.worker.stats import read_snapshots, summarize
 
 PAGE = Path(__file__).parent / "static" / "dashboard.html"
 

@@ -23,7 +23,7 @@ from trajbus.gateway.backends import BackendPool
 from trajbus.gateway.engine_answers import Completion, EngineStream
 from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.gateway.updates import UpdateGate
-from trajbus.streams.versions import Segments
+from trajbus.streams.wire.versions import Segments
 
 _END = object()
 """A reader's last item on the round's queue."""

@@ -26,8 +26,8 @@ from trajbus.infra.kafka_config import authentication_failure, connection_proper
 from trajbus.infra.outage import OutageWatch
 from trajbus.infra.retry import Stopped, retrying
 from trajbus.infra.topics import admin_client
-from trajbus.streams.producer import DeliveryError, StepProducer, TopicsUnavailable
-from trajbus.streams.records import Step
+from trajbus.streams.client.producer import DeliveryError, StepProducer, TopicsUnavailable
+from trajbus.streams.wire.records import Step
 
 log = logging.getLogger("trajbus.gateway")
 

@@ -24,9 +24,9 @@ from trajbus.gateway.pacing import Pacing
 from trajbus.gateway.rewards import RewardScorer
 from trajbus.gateway.served_version import ServedVersion
 from trajbus.gateway.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
-from trajbus.streams.producer import DeliveryError, TopicsUnavailable
-from trajbus.streams.records import CONTINUES, SEGMENT_START, Step, validate_metadata
-from trajbus.streams.versions import Segments
+from trajbus.streams.client.producer import DeliveryError, TopicsUnavailable
+from trajbus.streams.wire.records import CONTINUES, SEGMENT_START, Step, validate_metadata
+from trajbus.streams.wire.versions import Segments
 
 log = logging.getLogger("trajbus.gateway")
 

@@ -21,14 +21,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator, model_validator
 
 from trajbus.gateway.errors import bad_request
-from trajbus.streams.records import CREATED_AT_LIMIT, Step
+from trajbus.streams.wire.records import CREATED_AT_LIMIT, Step
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 U32 = 2**32
 I64 = 2**63
 CHANNEL_PATTERN = r"^[a-z0-9_-]{1,64}$"
-"""``streams.topics.validate_channel``'s rule: a channel becomes part of topic names."""
+"""``streams.wire.topics.validate_channel``'s rule: a channel becomes part of topic names."""
 
 TokenId = Annotated[int, Field(ge=0, lt=U32)]
 StepIndex = Annotated[int, Field(ge=0, lt=U32, description="packed as u32 on the wire")]
@@ -166,7 +166,7 @@ class GenerateRequest(SamplingFields):
 
 
 class StepBody(BaseModel):
-    """A ``streams.records.Step`` as JSON: the OpenAPI schema of ``/submit_steps``'s steps.
+    """A ``streams.wire.records.Step`` as JSON: the OpenAPI schema of ``/submit_steps``'s steps.
 
     Documentation only: the route checks steps with ``Step.from_dict``, the producer's own rule, which
     checks token lists at C speed where a model would build a Python object per token.

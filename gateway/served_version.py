@@ -1,6 +1,6 @@
 """The policy version the engines serve: one owner for the gateway.
 
-Two things tell it: the trainer's policy topic (``streams.policy``: a channel's
+Two things tell it: the trainer's policy topic (``streams.client.policy``: a channel's
 ``serving.`` key, else the trainer's version), followed once Kafka is connected,
 and the last ``POST /admin/resume``, which names the version the engines were
 loaded with (it may come before the gateway reads that version from Kafka). The
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from trajbus.gateway.errors import conflict
-from trajbus.streams.policy import PolicyWatcher
+from trajbus.streams.client.policy import PolicyWatcher
 
 
 class PublishedVersions(Protocol):

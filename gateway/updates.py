@@ -9,7 +9,7 @@ cut adds nothing to the engine's load while the weights change. The trainer
 loads the weights, publishes the version and resumes (``POST /admin/resume``
 with the version): each cut generation continues from prompt + partial
 response under the new weights (``gateway.generation``), and its step says
-which version sampled which tokens (``streams.versions``).
+which version sampled which tokens (``streams.wire.versions``).
 
 ``drain`` pauses instead by holding new calls until the generations in flight
 end by themselves: what an update costs when nothing is cut (the benchmark's

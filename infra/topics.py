@@ -1,7 +1,7 @@
 """Topic provisioning and inspection against any Kafka cluster.
 
 Knows nothing of trajbus's topic names: callers pass ``TopicSpec`` s (the names
-and settings live with the wire contract in ``streams.topics``). Provisioning is
+and settings live with the wire contract in ``streams.wire.topics``). Provisioning is
 idempotent: missing topics are created, existing ones get their configs set to
 the spec. Their partition counts are never changed implicitly: a raised count moves
 keys (prompt groups) between partitions, and a worker sized for the old count misses

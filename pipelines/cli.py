@@ -25,9 +25,9 @@ from trajbus.infra.outage import CONNECT_TIMEOUT, first_contact
 from trajbus.pipelines.tables import print_table
 from trajbus.pipelines.broker_command import BrokerUsageError, add_broker_parser
 from trajbus.infra.topics import ReplicationError, consumer_groups_lag, describe_topics, ensure_topics
-from trajbus.streams.settings import ENV_PREFIX as WORKER_ENV
-from trajbus.streams.settings import ChannelSettings, WorkerSettings
-from trajbus.streams.topics import (DEFAULT_CHANNELS, TopicSettings, channel_setting, chunks_topic,
+from trajbus.streams.worker.settings import ENV_PREFIX as WORKER_ENV
+from trajbus.streams.worker.settings import ChannelSettings, WorkerSettings
+from trajbus.streams.wire.topics import (DEFAULT_CHANNELS, TopicSettings, channel_setting, chunks_topic,
                                     groups_topic, steps_topic, validate_channel)
 
 EXIT_USAGE = 2
@@ -97,7 +97,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
 # -- worker ---------------------------------------------------------------------
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from trajbus.streams.worker import PartitionMismatch, run_worker
+    from trajbus.streams.worker.process import PartitionMismatch, run_worker
 
     try:
         default = ChannelSettings(**resolve(ChannelSettings, args, WORKER_ENV))
@@ -128,7 +128,7 @@ STATS_COLUMNS = [
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from trajbus.streams.stats import held_partitions, read_snapshots, summarize
+    from trajbus.streams.worker.stats import held_partitions, read_snapshots, summarize
 
     servers = resolve_bootstrap_servers(args.bootstrap_servers)
     first_contact(servers, args.connect_timeout)

@@ -43,8 +43,8 @@ from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.prompt_dataset import PromptDataset, read_records
 from trajbus.pipelines.sample_kind import TRAJBUS_SAMPLES, SampleKind
 from trajbus.pipelines.samples import Sample, Status
-from trajbus.streams.ledger import BufferEntry, Dispatch
-from trajbus.streams.settings import import_dotted
+from trajbus.streams.wire.ledger import BufferEntry, Dispatch
+from trajbus.streams.worker.settings import import_dotted
 
 __all__ = ["DataSourceArgs", "PromptDataset", "RolloutDataSource", "RolloutDataSourceWithBuffer", "Sample", "Status",
            "pop_first", "read_records"]

@@ -41,9 +41,9 @@ from trajbus.pipelines.processes import (ServiceProcess, free_port, gateway_proc
                                          wait_http, worker_process)
 from trajbus.pipelines.report import VersionRecord, drops_from_stats, summary_table, write_plot
 from trajbus.pipelines.training_state import TrainingState
-from trajbus.streams.policy import PolicyVersionPublisher
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.stats import read_snapshots, summarize
+from trajbus.streams.client.policy import PolicyVersionPublisher
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.worker.stats import read_snapshots, summarize
 
 STAGES = 6
 

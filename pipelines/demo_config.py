@@ -16,8 +16,8 @@ import yaml
 from trajbus.gateway.config import GatewaySettings
 from trajbus.infra.declared import check_values, to_flags
 from trajbus.pipelines.global_dataset import GlobalDataset
-from trajbus.streams.settings import ChannelSettings, WorkerSettings, import_dotted
-from trajbus.streams.topics import TopicSettings
+from trajbus.streams.worker.settings import ChannelSettings, WorkerSettings, import_dotted
+from trajbus.streams.wire.topics import TopicSettings
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
 ENVS = ("math", "calculator")

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from trajbus.pipelines.agents import AgentStopped, BlackBoxAgent, Episode, WhiteBoxAgent
 from trajbus.pipelines.envs import Observation
-from trajbus.streams.ledger import Dispatch
+from trajbus.streams.wire.ledger import Dispatch
 
 if TYPE_CHECKING:
     from trajbus.pipelines.ledger import PromptLedger

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trajbus.pipelines.data_source import read_records
-from trajbus.streams.ledger import fingerprint
+from trajbus.streams.wire.ledger import fingerprint
 
 MODES = ("sample", "traversal")
 

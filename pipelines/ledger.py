@@ -1,4 +1,4 @@
-"""A data source's handle on its channel's prompt ledger (``streams.ledger``) on Kafka.
+"""A data source's handle on its channel's prompt ledger (``streams.wire.ledger``) on Kafka.
 
 ``PromptLedger`` reads the ledger to its end and folds it (``view``), writes dispatches
 and buffer entries acknowledged, and abandons what a crashed run left open: it sends the
@@ -19,12 +19,12 @@ from prometheus_client import Counter, Gauge
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.clients import acked_producer, reader
 from trajbus.infra.topics import watermarks
-from trajbus.streams.delivery import produce_acked
-from trajbus.streams.dlq import dead_letter
-from trajbus.streams.ledger import (ABANDON, ABANDON_TRAJECTORY, CONTENT_TYPE, Dispatch, LedgerError, LedgerView,
+from trajbus.streams.client.delivery import produce_acked
+from trajbus.streams.client.dlq import dead_letter
+from trajbus.streams.wire.ledger import (ABANDON, ABANDON_TRAJECTORY, CONTENT_TYPE, Dispatch, LedgerError, LedgerView,
                                     Record, decode_record, encode_record)
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.topics import DEFAULT_PREFIX, TopicSettings, prompts_topic, validate_channel
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.topics import DEFAULT_PREFIX, TopicSettings, prompts_topic, validate_channel
 
 log = logging.getLogger("trajbus.ledger")
 

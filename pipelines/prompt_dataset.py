@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trajbus.pipelines.samples import Sample
-from trajbus.streams.ledger import fingerprint
+from trajbus.streams.wire.ledger import fingerprint
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from trajbus.streams.records import Step
+from trajbus.streams.wire.records import Step
 
 
 def group_steps(prompt_uid: str, trajectories_per_group: int, n_steps: int, rng: random.Random,

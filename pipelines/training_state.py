@@ -15,7 +15,7 @@ from typing import Any
 
 from trajbus.consumers.batch_consumer import BatchConsumer
 from trajbus.pipelines.ledger import DEPTH, PromptLedger
-from trajbus.streams.ledger import LedgerError
+from trajbus.streams.wire.ledger import LedgerError
 
 __all__ = ["TrainingState"]
 

@@ -1,6 +1,6 @@
 """A group filter loaded by dotted path in the worker tests (slime's dynamic-sampling shape)."""
 
-from trajbus.streams.records import ReadyGroup
+from trajbus.streams.wire.records import ReadyGroup
 
 
 def drop_marked(group: ReadyGroup) -> tuple[bool, str]:

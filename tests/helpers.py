@@ -18,10 +18,10 @@ from confluent_kafka.admin import AdminClient
 from trajbus.consumers import BatchConsumer
 from trajbus.pipelines.processes import ServiceProcess
 from trajbus.pipelines.synthetic import group_steps
-from trajbus.streams import codec
-from trajbus.streams.prefix import PrefixResolver, StepDelta
-from trajbus.streams.producer import DeliveryError, StepProducer
-from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.prefix import PrefixResolver, StepDelta
+from trajbus.streams.client.producer import DeliveryError, StepProducer
+from trajbus.streams.wire.records import ReadyGroup, Step, TrajectoryEnd
 
 T = TypeVar("T")
 
@@ -109,8 +109,8 @@ def settle_workers(bootstrap_servers: str, prefix: str, workers: list, channels:
     """Wait until the running workers have applied every step (their published source positions
     reach the steps topics' ends), then stop them gracefully: whatever the groups topics hold
     afterwards is all they will ever emit (a known end, no sleeping)."""
-    from trajbus.streams.stats import applied_positions, read_snapshots
-    from trajbus.streams.topics import steps_topic
+    from trajbus.streams.worker.stats import applied_positions, read_snapshots
+    from trajbus.streams.wire.topics import steps_topic
 
     def applied_everything() -> bool:
         positions = applied_positions(read_snapshots(bootstrap_servers, prefix), {w.pid for w in workers})

@@ -26,8 +26,8 @@ from trajbus.consumers import BatchConsumer
 from trajbus.pipelines.data_source import DataSourceArgs, RolloutDataSourceWithBuffer, Sample
 from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.training_state import TrainingState
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.topics import TopicSettings
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.topics import TopicSettings
 
 
 _SAY = threading.Lock()

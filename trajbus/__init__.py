@@ -22,17 +22,17 @@ from pathlib import Path
 from typing import Any
 
 _checkout = Path(__file__).resolve().parent.parent
-if (_checkout / "pyproject.toml").is_file() and (_checkout / "streams" / "records.py").is_file():
+if (_checkout / "pyproject.toml").is_file() and (_checkout / "streams" / "wire" / "records.py").is_file():
     __path__.append(str(_checkout))  # a source checkout: trajbus.streams is ./streams
 
 _EXPORTS = {
-    "Step": "trajbus.streams.records",
-    "TrajectoryEnd": "trajbus.streams.records",
-    "ReadyGroup": "trajbus.streams.records",
-    "StepProducer": "trajbus.streams.producer",
+    "Step": "trajbus.streams.wire.records",
+    "TrajectoryEnd": "trajbus.streams.wire.records",
+    "ReadyGroup": "trajbus.streams.wire.records",
+    "StepProducer": "trajbus.streams.client.producer",
     "BatchConsumer": "trajbus.consumers",
     "VerlBackend": "trajbus.consumers.backends",
-    "PolicyVersionPublisher": "trajbus.streams.policy",
+    "PolicyVersionPublisher": "trajbus.streams.client.policy",
     "RolloutDataSource": "trajbus.pipelines.data_source",
     "RolloutDataSourceWithBuffer": "trajbus.pipelines.data_source",
     "SlimeDataSource": "trajbus.pipelines.slime",

@@ -19,9 +19,9 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartitio
 from trajbus.consumers.rllm.index import TraceIndex
 from trajbus.consumers.rllm.traces import DELETED, TRACE_KEY, entry_of, event_of
 from trajbus.infra.clients import reader
-from trajbus.streams import codec
-from trajbus.streams.prefix import PrefixError, PrefixResolver, StepDelta, step_of
-from trajbus.streams.records import Step, TrajectoryEnd
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.prefix import PrefixError, PrefixResolver, StepDelta, step_of
+from trajbus.streams.wire.records import Step, TrajectoryEnd
 
 __all__ = ["TraceFeed"]
 

@@ -57,9 +57,9 @@ from trajbus.consumers.rllm.feed import TraceFeed
 from trajbus.consumers.rllm.index import TraceIndex
 from trajbus.consumers.rllm.traces import (DELETED, ENDED, TraceEntry, check_ids, entry_of, event_metadata, lineage,
                                            new_incarnation, trace_step)
-from trajbus.streams.ledger import ABANDON_TRAJECTORY
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.topics import DEFAULT_PREFIX, steps_topic, validate_channel
+from trajbus.streams.wire.ledger import ABANDON_TRAJECTORY
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.topics import DEFAULT_PREFIX, steps_topic, validate_channel
 
 __all__ = ["KafkaTraceStore"]
 

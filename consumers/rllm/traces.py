@@ -35,8 +35,8 @@ from typing import Any
 
 import orjson
 
-from trajbus.streams.ledger import ABANDON
-from trajbus.streams.records import CONTINUES, SEGMENT_START, Step, TrajectoryEnd
+from trajbus.streams.wire.ledger import ABANDON
+from trajbus.streams.wire.records import CONTINUES, SEGMENT_START, Step, TrajectoryEnd
 
 __all__ = ["DELETED", "ENDED", "TRACE_KEY", "TraceEntry", "check_ids", "event_metadata", "event_of", "entry_of",
            "lineage", "new_incarnation", "trace_step"]

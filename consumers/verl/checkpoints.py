@@ -22,7 +22,7 @@ from confluent_kafka import TopicPartition
 
 from trajbus.infra.clients import acked_producer, reader
 from trajbus.infra.topics import read_partition, watermarks
-from trajbus.streams.delivery import produce_acked
+from trajbus.streams.client.delivery import produce_acked
 
 log = logging.getLogger(__name__)
 

@@ -38,9 +38,9 @@ from trajbus.consumers.verl.checkpoints import resume_version
 from trajbus.consumers.verl.settings import VerlQueueSettings
 from trajbus.infra.clients import reader
 from trajbus.infra.topics import ensure_topics, watermarks
-from trajbus.streams.policy import PolicyVersionPublisher
-from trajbus.streams.prefix import StructuredGroup
-from trajbus.streams.topics import TopicSettings
+from trajbus.streams.client.policy import PolicyVersionPublisher
+from trajbus.streams.wire.prefix import StructuredGroup
+from trajbus.streams.wire.topics import TopicSettings
 
 log = logging.getLogger(__name__)
 

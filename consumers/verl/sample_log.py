@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from trajbus.infra.clients import DELIVERY_TIMEOUT_MS, acked_producer, reader
 from trajbus.infra.topics import watermarks
-from trajbus.streams.delivery import Acks, Poller, resolve
+from trajbus.streams.client.delivery import Acks, Poller, resolve
 
 log = logging.getLogger(__name__)
 

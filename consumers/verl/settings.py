@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from trajbus.infra.declared import resolve, setting
-from trajbus.streams.topics import DEFAULT_PREFIX, validate_channel, validate_prefix
+from trajbus.streams.wire.topics import DEFAULT_PREFIX, validate_channel, validate_prefix
 
 ENV_PREFIX = "TRAJBUS_VERL_"
 MODES = ("kafka", "groups")

@@ -17,7 +17,7 @@ from trajbus.gateway.generation import Generation
 from trajbus.gateway.schemas import (CHANNEL_PATTERN, GenerateRequest, RewardRequest, SubmitStepsRequest,
                                      step_from_json, submit_steps_schema)
 from trajbus.gateway.service import GatewayService
-from trajbus.streams.records import Step
+from trajbus.streams.wire.records import Step
 
 WAIT = "seconds a new trajectory may be held until admitted (pacing), else 429 at once"
 PAUSED = "seconds a call may be held while generation is paused for a weight update, else 429 at once"

@@ -35,10 +35,10 @@ from trajbus.pipelines.slime.harness import SAMPLE_INDEX, AgentHarness, GroupRun
 from trajbus.pipelines.slime.rollout_args import RolloutShape, dynamic_filter, eval_sets, sampling_of
 from trajbus.pipelines.slime.samples import sample_kind, samples_from_group
 from trajbus.pipelines.slime.settings import SlimeSettings
-from trajbus.streams.ledger import ABANDON, ABANDON_TRAJECTORY, DROPPED, Outcome
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.records import ReadyGroup
-from trajbus.streams.settings import import_dotted
+from trajbus.streams.wire.ledger import ABANDON, ABANDON_TRAJECTORY, DROPPED, Outcome
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.records import ReadyGroup
+from trajbus.streams.worker.settings import import_dotted
 
 __all__ = ["AgenticRollout", "METRIC"]
 

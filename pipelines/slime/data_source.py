@@ -33,7 +33,7 @@ from trajbus.pipelines.data_source import RolloutDataSourceWithBuffer
 from trajbus.pipelines.slime.samples import sample_kind
 from trajbus.pipelines.slime.settings import SlimeSettings, source_args
 from trajbus.pipelines.slime.settle import InFlight, Settlement, dynamic_filter, leaves, settle_groups
-from trajbus.streams.ledger import ABANDONED, DROPPED, EMITTED, Dispatch, Outcome
+from trajbus.streams.wire.ledger import ABANDONED, DROPPED, EMITTED, Dispatch, Outcome
 
 __all__ = ["SlimeDataSource"]
 

@@ -24,9 +24,9 @@ from trajbus.consumers.batch_consumer import BatchConsumer
 from trajbus.infra.topics import consumer_group_lag
 from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.training_state import TrainingState
-from trajbus.streams.ledger import EMITTED
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.records import ReadyGroup
+from trajbus.streams.wire.ledger import EMITTED
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.records import ReadyGroup
 
 __all__ = ["GroupReader", "STATE_KEY"]
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from trajbus.pipelines.prompt_dataset import PromptDataset
 from trajbus.pipelines.sample_kind import SampleKind
 from trajbus.pipelines.slime.settings import source_args
-from trajbus.streams.settings import import_dotted
+from trajbus.streams.worker.settings import import_dotted
 
 __all__ = ["EvalSet", "RolloutShape", "Verdict", "dynamic_filter", "eval_sets", "sampling_of"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from trajbus.consumers.rows import Row, step_rows, trajectory_rows
 from trajbus.pipelines.sample_kind import TRAJBUS_SAMPLES, SampleKind
-from trajbus.streams.records import Step
+from trajbus.streams.wire.records import Step
 
 __all__ = ["ROW_MODES", "sample_kind", "samples_from_group", "slime_sample_class"]
 

@@ -24,7 +24,7 @@ from trajbus.infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
 from trajbus.infra.declared import declared_fields, parse_text, resolve, setting
 from trajbus.pipelines.data_source import DataSourceArgs
 from trajbus.pipelines.ledger import PromptLedger
-from trajbus.streams.topics import DEFAULT_PREFIX, validate_channel, validate_prefix
+from trajbus.streams.wire.topics import DEFAULT_PREFIX, validate_channel, validate_prefix
 
 log = logging.getLogger("trajbus.slime")
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Iterator
 
-from trajbus.streams.settings import import_dotted
+from trajbus.streams.worker.settings import import_dotted
 
 Keep = Callable[[list[Any]], tuple[bool, str | None]]
 

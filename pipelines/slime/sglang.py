@@ -16,7 +16,7 @@ from typing import Any
 
 from trajbus.pipelines.slime.data_source import SlimeDataSource
 from trajbus.pipelines.slime.settings import SlimeSettings
-from trajbus.streams.settings import import_dotted
+from trajbus.streams.worker.settings import import_dotted
 
 __all__ = ["generate_rollout"]
 

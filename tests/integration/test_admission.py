@@ -14,7 +14,7 @@ import httpx
 
 from trajbus.consumers import BatchConsumer
 from trajbus.gateway.admission import BACKLOG_FULL, POLICY_TOO_STALE
-from trajbus.streams.policy import PolicyVersionPublisher
+from trajbus.streams.client.policy import PolicyVersionPublisher
 from tests.helpers import fetch_groups, wait_for
 
 MARK = 2

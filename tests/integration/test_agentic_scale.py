@@ -8,8 +8,8 @@ import numpy as np
 from benchmarks.agentic_workloads import LONG_CONTEXT, generate
 from trajbus.consumers import BatchConsumer
 from trajbus.consumers.backends import VerlBackend
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.records import Step
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.records import Step
 
 W = LONG_CONTEXT
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from trajbus.consumers import BatchConsumer
 from trajbus.infra.topics import consumer_group_lag, describe_topics
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.stats import read_snapshots, summarize
-from trajbus.streams.topics import groups_topic, trainer_group_id
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.worker.stats import read_snapshots, summarize
+from trajbus.streams.wire.topics import groups_topic, trainer_group_id
 from trajbus.pipelines.synthetic import make_groups
 from tests.helpers import read_to_end, wait_for
 

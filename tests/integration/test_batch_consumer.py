@@ -6,8 +6,8 @@ from trajbus.consumers import BatchConsumer, drain
 from trajbus.consumers.backends import VerlBackend
 from trajbus.infra.topics import describe_topics
 from trajbus.pipelines.synthetic import make_groups
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.topics import groups_topic
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.topics import groups_topic
 from tests.helpers import fetch_groups, through_worker, wait_for
 
 

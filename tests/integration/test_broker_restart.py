@@ -21,7 +21,7 @@ import httpx
 
 from trajbus.consumers import BatchConsumer
 from trajbus.pipelines.processes import ServiceProcess, free_port, gateway_process, wait_http, worker_process
-from trajbus.streams.producer import StepProducer
+from trajbus.streams.client.producer import StepProducer
 from tests.helpers import flowing, submit_until_stopped, wait_for
 
 OUTAGE_SECONDS = 20

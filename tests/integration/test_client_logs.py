@@ -22,8 +22,8 @@ import time
 
 from trajbus.consumers import BatchConsumer
 from trajbus.pipelines.processes import free_port
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.records import Step
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.records import Step
 from tests.helpers import wait_for
 
 RAW_LIBRDKAFKA = re.compile(r"rdkafka#|^%\d\|", re.M)
@@ -45,8 +45,8 @@ USER_SCRIPT = textwrap.dedent("""
 
     from trajbus.consumers import BatchConsumer
     from trajbus.infra.outage import ClusterNotReached
-    from trajbus.streams.producer import StepProducer, TopicsUnavailable
-    from trajbus.streams.records import Step
+    from trajbus.streams.client.producer import StepProducer, TopicsUnavailable
+    from trajbus.streams.wire.records import Step
 
     wrong, right, prefix = sys.argv[1:]
     step = Step(prompt_ids=[1], response_ids=[2], reward=0.0, trajectory_uid="t", prompt_uid="p", is_last=True)

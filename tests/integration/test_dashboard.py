@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from trajbus.streams.producer import StepProducer
+from trajbus.streams.client.producer import StepProducer
 from tests.helpers import wait_for
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"

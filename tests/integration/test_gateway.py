@@ -14,10 +14,10 @@ from transformers import AutoTokenizer
 from trajbus.consumers import BatchConsumer
 from trajbus.infra.tiny_model import WEATHER_TOOL
 from trajbus.infra.topics import describe_topics, ensure_topics
-from trajbus.streams.policy import PolicyVersionPublisher
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.records import Step, TrajectoryEnd
-from trajbus.streams.topics import TopicSettings, steps_topic
+from trajbus.streams.client.policy import PolicyVersionPublisher
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.records import Step, TrajectoryEnd
+from trajbus.streams.wire.topics import TopicSettings, steps_topic
 from tests.helpers import decode_step_events, end_offsets, fetch_groups, read_topic, wait_for
 
 REWARD_FN = "tests.gateway_rewards:exact_match"

@@ -22,8 +22,8 @@ from transformers import AutoTokenizer
 from trajbus.consumers import BatchConsumer
 from trajbus.consumers.backends import VerlBackend
 from trajbus.infra.tiny_model import WEATHER_TOOL
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.records import SEGMENT_START, Step
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.records import SEGMENT_START, Step
 from tests.helpers import fetch_groups
 
 TOOL_REPLY = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

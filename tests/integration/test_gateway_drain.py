@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from trajbus.streams.topics import steps_topic
+from trajbus.streams.wire.topics import steps_topic
 from tests.helpers import decode_step_events, read_to_end, wait_for
 
 AGENTS = 6

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from trajbus.streams.topics import steps_topic
+from trajbus.streams.wire.topics import steps_topic
 from tests.helpers import decode_step_events, read_to_end
 
 CHUNKED = b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"

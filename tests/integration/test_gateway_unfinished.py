@@ -16,8 +16,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from trajbus.infra.scripted_engine import log_probs, noncanonical_ids
-from trajbus.streams.records import Step
-from trajbus.streams.topics import steps_topic
+from trajbus.streams.wire.records import Step
+from trajbus.streams.wire.topics import steps_topic
 from tests.helpers import decode_step_events, read_to_end
 
 USER = [{"role": "user", "content": "Hello?"}]

@@ -20,8 +20,8 @@ from trajbus.consumers.backends import VerlBackend
 from trajbus.infra import tiny_model
 from trajbus.infra.tiny_model import WEATHER_TOOL
 from trajbus.pipelines.processes import free_port
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.records import CONTINUES, SEGMENT_START, Step
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.records import CONTINUES, SEGMENT_START, Step
 from tests.helpers import fetch_groups
 
 TOOL_REPLY = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

@@ -6,11 +6,11 @@ import time
 
 from trajbus.consumers import BatchConsumer
 from trajbus.consumers.replay import Replay
-from trajbus.streams import codec
-from trajbus.streams.prefix import StepDelta
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.records import Step
-from trajbus.streams.topics import steps_topic
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.prefix import StepDelta
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.records import Step
+from trajbus.streams.wire.topics import steps_topic
 from tests.helpers import fetch_groups, read_to_end
 from tests.unit.test_prefix import trajectory
 

@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from trajbus.consumers import BatchConsumer
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.records import Step
-from trajbus.streams.topics import steps_topic
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.records import Step
+from trajbus.streams.wire.topics import steps_topic
 from tests.helpers import decode_step_events, end_offsets, fetch_groups, read_to_end
 from tests.integration.test_prefix_sharing import multi_turn_groups, tokens
 

@@ -28,7 +28,7 @@ from pytest_codeblocks import CodeBlock, extract_from_file
 
 from trajbus.infra.bootstrap import ENV_VAR
 from trajbus.infra.topics import consumer_group_lag
-from trajbus.streams.topics import groups_topic, trainer_group_id
+from trajbus.streams.wire.topics import groups_topic, trainer_group_id
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -12,8 +12,8 @@ from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.replay import Replay, ReplayError
 from trajbus.infra.topics import consumer_group_lag, delete_records_before
 from trajbus.pipelines.synthetic import group_steps
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.topics import groups_topic, trainer_group_id
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.topics import groups_topic, trainer_group_id
 from tests.helpers import fetch_groups, settle_workers, trajbus
 
 

@@ -19,8 +19,8 @@ from tests.rllm_trace_writer import WRITTEN, rllm_trace
 from trajbus.consumers import BatchConsumer
 from trajbus.consumers.rllm import KafkaTraceStore
 from trajbus.pipelines.processes import free_port
-from trajbus.streams.ledger import ABANDON
-from trajbus.streams.records import END_STEPS, SEGMENT_START, Step, TrajectoryEnd
+from trajbus.streams.wire.ledger import ABANDON
+from trajbus.streams.wire.records import END_STEPS, SEGMENT_START, Step, TrajectoryEnd
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,7 @@ from trajbus.pipelines.env_manager import EnvConfig, EnvManager, EpisodeSchedule
 from trajbus.pipelines.envs import CalculatorEnv, MathEnv
 from trajbus.pipelines.global_dataset import (GlobalDataset, GlobalDatasetManager, global_dataset_actor,
                                               global_dataset_manager_actor)
-from trajbus.streams.producer import StepProducer
+from trajbus.streams.client.producer import StepProducer
 from tests.helpers import fetch_groups, wait_for
 
 MATH = Path(__file__).resolve().parents[2] / "pipelines" / "data" / "math.jsonl"

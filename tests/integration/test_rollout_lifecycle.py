@@ -12,8 +12,8 @@ from confluent_kafka import Producer
 from trajbus.pipelines.data_source import DataSourceArgs, RolloutDataSource
 from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.processes import ServiceProcess
-from trajbus.streams.ledger import LedgerError
-from trajbus.streams.topics import dlq_topic, prompts_topic
+from trajbus.streams.wire.ledger import LedgerError
+from trajbus.streams.wire.topics import dlq_topic, prompts_topic
 from tests.helpers import read_to_end, wait_for
 from tests.lifecycle_driver import prompt_of
 
@@ -117,8 +117,8 @@ def test_roll_scheduler_resumes_from_the_ledger_and_the_worker_settles_what_was_
         bootstrap_servers, prefix, start_worker):
     from trajbus.consumers import BatchConsumer
     from trajbus.pipelines.env_manager import EpisodeScheduler, roll_prompt_uid
-    from trajbus.streams.producer import StepProducer
-    from trajbus.streams.topics import TopicSettings
+    from trajbus.streams.client.producer import StepProducer
+    from trajbus.streams.wire.topics import TopicSettings
 
     start_worker(n_rollouts=2)
 

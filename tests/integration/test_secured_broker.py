@@ -20,7 +20,7 @@ from trajbus.infra.kafka_broker import BrokerState, EmbeddedKafka
 from trajbus.infra.kafka_config import CONFIG_FILE_VAR, configure
 from trajbus.pipelines.processes import free_port, gateway_process, worker_process
 from trajbus.pipelines.synthetic import group_steps
-from trajbus.streams.producer import StepProducer
+from trajbus.streams.client.producer import StepProducer
 from tests.helpers import fetch_groups, trajbus, wait_for
 
 

@@ -28,9 +28,9 @@ from trajbus.pipelines.processes import (ServiceProcess, free_port, gateway_proc
 from trajbus.pipelines.slime import SlimeDataSource
 from trajbus.pipelines.slime.agentic import close, generate_rollout
 from trajbus.pipelines.slime.harness import SAMPLE_INDEX
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.records import ReadyGroup, Step
-from trajbus.streams.topics import groups_topic
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.records import ReadyGroup, Step
+from trajbus.streams.wire.topics import groups_topic
 from tests.helpers import end_offsets, wait_for
 from tests.lifecycle_driver import prompt_of
 

@@ -10,8 +10,8 @@ import threading
 from confluent_kafka import Producer
 
 from trajbus.pipelines.synthetic import make_groups
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.topics import dlq_topic, groups_topic, steps_topic
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.topics import dlq_topic, groups_topic, steps_topic
 from tests.helpers import through_worker, trajbus, wait_for
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from trajbus.consumers import BatchConsumer
 from trajbus.pipelines.processes import worker_process
 from trajbus.pipelines.synthetic import make_groups
-from trajbus.streams.producer import StepProducer
+from trajbus.streams.client.producer import StepProducer
 from tests.helpers import assert_exactly_the_groups_sent, fetch_groups, settle_workers, trajbus
 
 

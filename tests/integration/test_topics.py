@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trajbus.infra.topics import describe_topics, ensure_topics
-from trajbus.streams.topics import TopicSettings, chunks_topic, groups_topic, policy_topic, prompts_topic, steps_topic
+from trajbus.streams.wire.topics import TopicSettings, chunks_topic, groups_topic, policy_topic, prompts_topic, steps_topic
 from tests.helpers import trajbus
 
 
@@ -65,7 +65,7 @@ def test_topics_cli_refuses_a_bad_channel_with_exit_2(bootstrap_servers: str, pr
 def test_topics_cli_shows_each_consumer_groups_lag(bootstrap_servers: str, prefix: str, start_worker):
     from trajbus.consumers import BatchConsumer
     from trajbus.pipelines.synthetic import make_groups
-    from trajbus.streams.topics import groups_topic, trainer_group_id
+    from trajbus.streams.wire.topics import groups_topic, trainer_group_id
     from tests.helpers import fetch_groups, through_worker
 
     _, stream = make_groups(3, 2, 1, seed=2)

@@ -27,8 +27,8 @@ from trajbus.consumers.verl.queue import DurableMessageQueue
 from trajbus.infra.bootstrap import ENV_VAR
 from trajbus.infra.tiny_model import WEATHER_TOOL
 from trajbus.infra.topics import consumer_group_lag
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.topics import groups_topic, trainer_group_id
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.topics import groups_topic, trainer_group_id
 from tests.helpers import wait_for
 from tests.integration.test_multi_turn import TOOL_REPLY, agent, chat
 

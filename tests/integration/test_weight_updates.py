@@ -24,9 +24,9 @@ from trajbus.consumers import BatchConsumer
 from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.off_policy import importance_weights
 from trajbus.infra.scripted_engine import log_prob, noncanonical_ids
-from trajbus.streams.policy import PolicyVersionPublisher
-from trajbus.streams.records import Step, TrajectoryEnd
-from trajbus.streams.topics import groups_topic, steps_topic
+from trajbus.streams.client.policy import PolicyVersionPublisher
+from trajbus.streams.wire.records import Step, TrajectoryEnd
+from trajbus.streams.wire.topics import groups_topic, steps_topic
 from tests.helpers import decode_step_events, fetch_groups, read_to_end, wait_for
 
 LONG = "The quick brown fox jumps over the lazy dog; " * 3

@@ -29,10 +29,10 @@ def test_the_documented_plain_kafka_subscriber_decodes_steps_and_groups(bootstra
     from confluent_kafka import Producer
 
     from trajbus.pipelines.synthetic import make_groups
-    from trajbus.streams.chunks import RECORD_OVERHEAD, produce_group
-    from trajbus.streams.records import ReadyGroup
-    from trajbus.streams.topics import chunks_topic, groups_topic
-    from trajbus.streams.producer import StepProducer
+    from trajbus.streams.wire.chunks import RECORD_OVERHEAD, produce_group
+    from trajbus.streams.wire.records import ReadyGroup
+    from trajbus.streams.wire.topics import chunks_topic, groups_topic
+    from trajbus.streams.client.producer import StepProducer
     from tests.helpers import read_to_end, through_worker, wait_for
     from tests.unit.test_prefix import trajectory
 

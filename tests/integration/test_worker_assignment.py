@@ -3,7 +3,7 @@
 Issue 35: the broker SIGKILLed while a worker was joining its group and started again on its
 port; Faust's assignor ran on metadata without the topics (``Ignoring missing topic``), the group
 held no partition, and the worker stayed alive assembling nothing (aiokafka looks again only
-after its 5-minute metadata age). The assignment watch (``streams.assignment_watch``) rejoins.
+after its 5-minute metadata age). The assignment watch (``streams.worker.assignment_watch``) rejoins.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from trajbus.consumers import BatchConsumer
 from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.pipelines.processes import ServiceProcess, worker_process
 from trajbus.pipelines.synthetic import group_steps
-from trajbus.streams.producer import StepProducer
-from trajbus.streams.stats import held_partitions, read_snapshots
-from trajbus.streams.topics import TopicSettings, dlq_topic
+from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.worker.stats import held_partitions, read_snapshots
+from trajbus.streams.wire.topics import TopicSettings, dlq_topic
 from tests.helpers import assert_exactly_the_groups_sent, end_offsets, fetch_groups, wait_for
 
 SUBSCRIBED = "Subscribed to topic(s)"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trajbus.streams.assembly import Outcome, PendingGroup
-from trajbus.streams.records import END_STEPS, Step, TrajectoryEnd
+from trajbus.streams.worker.assembly import Outcome, PendingGroup
+from trajbus.streams.wire.records import END_STEPS, Step, TrajectoryEnd
 
 
 class Log:

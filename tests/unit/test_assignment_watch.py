@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from trajbus.streams.assignment_watch import AssignmentWatch
+from trajbus.streams.worker.assignment_watch import AssignmentWatch
 
 TOPICS = ("p.steps.train", "p-worker-train-assembly-changelog")
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from trajbus.streams import codec
-from trajbus.streams.bodies import StepBodies
-from trajbus.streams.records import Step
+from trajbus.streams.wire import codec
+from trajbus.streams.worker.bodies import StepBodies
+from trajbus.streams.wire.records import Step
 
 
 @dataclass

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from trajbus.streams import codec
-from trajbus.streams.chunks import RECORD_OVERHEAD, fits, join, manifest, split
-from trajbus.streams.records import ChunkedGroup, ReadyGroup, Step
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.chunks import RECORD_OVERHEAD, fits, join, manifest, split
+from trajbus.streams.wire.records import ChunkedGroup, ReadyGroup, Step
 
 LIMIT = RECORD_OVERHEAD + 1000
 """A max.message.bytes that leaves 1,000 bytes a chunk."""

@@ -7,8 +7,8 @@ import struct
 import numpy as np
 import pytest
 
-from trajbus.streams import codec
-from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.records import ReadyGroup, Step, TrajectoryEnd
 
 
 def make_step(**overrides) -> Step:

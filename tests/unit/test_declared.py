@@ -16,8 +16,8 @@ from trajbus.infra.declared import (check_values, declared_fields, default_of, e
 from trajbus.infra.inference_server import ENV_PREFIX as INFERENCE_ENV
 from trajbus.infra.inference_server import InferenceServerSettings
 from trajbus.pipelines.cli import build_parser
-from trajbus.streams.settings import ENV_PREFIX as WORKER_ENV
-from trajbus.streams.settings import ChannelSettings, WorkerSettings
+from trajbus.streams.worker.settings import ENV_PREFIX as WORKER_ENV
+from trajbus.streams.worker.settings import ChannelSettings, WorkerSettings
 
 COMPONENTS = [  # (settings class, its variables' prefix, the trajbus command whose flags set it)
     (GatewaySettings, GATEWAY_ENV, "gateway"),

@@ -15,9 +15,9 @@ from trajbus.infra.declared import declared_fields, env_var
 from trajbus.infra.kafka_config import CONFIG_FILE_VAR, ENV_PREFIX as KAFKA_ENV
 from trajbus.pipelines.cli import build_parser
 from trajbus.pipelines.demo_config import load_demo_config
-from trajbus.streams.settings import ENV_PREFIX as WORKER_ENV
-from trajbus.streams.settings import ChannelSettings, WorkerSettings
-from trajbus.streams.topics import TopicSettings
+from trajbus.streams.worker.settings import ENV_PREFIX as WORKER_ENV
+from trajbus.streams.worker.settings import ChannelSettings, WorkerSettings
+from trajbus.streams.wire.topics import TopicSettings
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 
@@ -123,7 +123,7 @@ def registered_metric_names() -> set[str]:
     import trajbus.consumers.metrics  # noqa: F401  (registers the trainer-side metrics)
     import trajbus.pipelines.ledger  # noqa: F401  (registers the prompt ledger's metrics)
     from trajbus.gateway.metrics import GatewayMetrics
-    from trajbus.streams.stats import WorkerMetrics
+    from trajbus.streams.worker.stats import WorkerMetrics
 
     names = set()
     for registry in (GatewayMetrics("test", "http://test").registry, WorkerMetrics().registry, REGISTRY):

@@ -8,9 +8,11 @@ import time
 
 import pytest
 
-from trajbus.streams import codec, ledger
-from trajbus.streams.direct_reads import SOURCE_OFFSET, SOURCE_PARTITION
-from trajbus.streams.records import ReadyGroup
+from trajbus.streams.wire import codec
+
+from trajbus.streams.wire import ledger
+from trajbus.streams.worker.direct_reads import SOURCE_OFFSET, SOURCE_PARTITION
+from trajbus.streams.wire.records import ReadyGroup
 from tests.unit.worker_fakes import abandon, new_worker, step
 
 

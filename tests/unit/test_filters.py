@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from trajbus.streams.filters import judge, staleness_of, trajectory_rewards
-from trajbus.streams.records import ReadyGroup, Step
-from trajbus.streams.settings import ChannelSettings
+from trajbus.streams.worker.filters import judge, staleness_of, trajectory_rewards
+from trajbus.streams.wire.records import ReadyGroup, Step
+from trajbus.streams.worker.settings import ChannelSettings
 
 
 def step(trajectory, index=0, reward=0.0, version=0):

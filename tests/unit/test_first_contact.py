@@ -18,8 +18,8 @@ from tests.helpers import wait_for
 from tests.unit.test_logs import GatedProbe
 from trajbus.infra import outage
 from trajbus.infra.outage import ClusterNotReached, ClusterOutage, KafkaUnreachable, first_contact
-from trajbus.streams.producer import StepProducer, TopicsUnavailable
-from trajbus.streams.records import Step
+from trajbus.streams.client.producer import StepProducer, TopicsUnavailable
+from trajbus.streams.wire.records import Step
 
 NOBODY = "127.0.0.1:1"  # nobody listens
 
@@ -67,7 +67,7 @@ def test_a_first_contact_at_an_address_nobody_answers_is_one_error_naming_it(cap
 
 
 def test_a_producer_s_first_call_waits_connect_timeout_at_most_whatever_its_timeout(monkeypatch):
-    monkeypatch.setattr("trajbus.streams.producer.CONNECT_TIMEOUT", 0.5)
+    monkeypatch.setattr("trajbus.streams.client.producer.CONNECT_TIMEOUT", 0.5)
     step = Step(prompt_ids=[1], response_ids=[2], trajectory_uid="t", prompt_uid="p")
     started = time.monotonic()
     with StepProducer(NOBODY, timeout=30) as producer:

@@ -79,7 +79,7 @@ def test_the_cli_says_what_is_wrong_in_one_line_and_exits_2(flags, says, monkeyp
 def test_a_crash_from_a_lost_connection_is_told_from_any_other():
     from aiokafka.errors import KafkaConnectionError
 
-    from trajbus.streams.worker_logs import lost_kafka
+    from trajbus.streams.worker.logs import lost_kafka
 
     try:
         try:
@@ -98,7 +98,7 @@ def test_the_worker_waits_for_kafka_under_the_one_retry_policy_and_counts_the_wh
 
     from trajbus.infra.kafka_config import KafkaUnreachable
     from trajbus.infra.topics import ReplicationError
-    from trajbus.streams import worker
+    from trajbus.streams.worker import process as worker
 
     failures = [KafkaException("down"), KafkaException("down")]
 
@@ -135,7 +135,7 @@ def test_a_value_continued_with_a_backslash_is_one_value(tmp_path):
 def test_library_lines_go_to_our_logger_and_self_resolving_retries_are_debug(caplog):
     """A fresh broker's "Coordinator load in progress: retrying" reads like an error to a newcomer: DEBUG;
     so is each failed connection attempt (an outage is told once, by ``infra.outage``)."""
-    own = logging.getLogger("trajbus.streams.producer")
+    own = logging.getLogger("trajbus.streams.client.producer")
     config = client_config("broker:9093", {"logger": own})
     assert config["logger"].logger is own and client_config("b:1", config)["logger"] is config["logger"]
     with caplog.at_level(logging.DEBUG, logger="trajbus"):
@@ -145,8 +145,8 @@ def test_library_lines_go_to_our_logger_and_self_resolving_retries_are_debug(cap
         config["logger"].log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#producer-1", "b:1/1: Connect failed")
         config["logger"].log(logging.WARNING, "%s [%s] %s", "CONFWARN", "rdkafka#producer-1", "unknown property")
     assert [(r.name, r.levelname, r.getMessage().split()[0]) for r in caplog.records] == [
-        ("trajbus.streams.producer", "DEBUG", "GETPID"), ("trajbus.streams.producer", "DEBUG", "FAIL"),
-        ("trajbus.streams.producer", "WARNING", "CONFWARN")]
+        ("trajbus.streams.client.producer", "DEBUG", "GETPID"), ("trajbus.streams.client.producer", "DEBUG", "FAIL"),
+        ("trajbus.streams.client.producer", "WARNING", "CONFWARN")]
 
 
 def test_a_real_client_takes_the_logger(caplog):

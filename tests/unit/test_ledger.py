@@ -8,7 +8,7 @@ import json
 import pytest
 
 from trajbus.pipelines.data_source import DataSourceArgs, RolloutDataSource, RolloutDataSourceWithBuffer, Sample
-from trajbus.streams.ledger import (ABANDONED, BufferEntry, Dispatch, LedgerError, LedgerView, Outcome,
+from trajbus.streams.wire.ledger import (ABANDONED, BufferEntry, Dispatch, LedgerError, LedgerView, Outcome,
                                     decode_record, encode_record)
 
 

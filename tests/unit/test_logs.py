@@ -23,9 +23,9 @@ def record(name: str, message: str) -> logging.LogRecord:
 def test_a_client_repeating_itself_is_heard_once_per_window():
     repeats = RepeatFilter(window=60)
     fail = "FAIL [rdkafka#producer-1] [thrd:127.0.0.1:9092/1]: Connect to ipv4#127.0.0.1:9092 failed (after {}ms)"
-    assert repeats.filter(record("streams.producer", fail.format(0)))
-    assert not repeats.filter(record("streams.producer", fail.format(3)))  # the same line, other numbers
-    assert repeats.filter(record("streams.producer", "FAIL [rdkafka#producer-1] [thrd:main]: all brokers are down"))
+    assert repeats.filter(record("streams.client.producer", fail.format(0)))
+    assert not repeats.filter(record("streams.client.producer", fail.format(3)))  # the same line, other numbers
+    assert repeats.filter(record("streams.client.producer", "FAIL [rdkafka#producer-1] [thrd:main]: all brokers are down"))
     assert repeats.filter(record("aiokafka.conn", "Unable connect to node with id 1"))
     assert not repeats.filter(record("aiokafka.conn", "Unable connect to node with id 1"))
 
@@ -96,7 +96,7 @@ def test_a_late_report_of_an_outage_already_over_says_nothing(caplog, monkeypatc
 
 
 def test_every_connection_attempt_is_a_debug_record_and_other_library_lines_keep_their_level(caplog):
-    own = logging.getLogger("trajbus.streams.producer")
+    own = logging.getLogger("trajbus.streams.client.producer")
     client = ClientLog(own)
     attempts = [("FAIL", "[thrd:b:1/bootstrap]: b:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused "
                  "(after 0ms in state CONNECT)"),

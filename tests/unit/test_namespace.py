@@ -27,4 +27,4 @@ def test_no_module_imports_a_bare_top_level_name():
 
 def test_the_contract_names_are_exported_lazily():
     assert {"Step", "StepProducer", "BatchConsumer", "VerlBackend", "EnvManager"} <= set(trajbus.__all__)
-    assert trajbus.Step.__module__ == "trajbus.streams.records"
+    assert trajbus.Step.__module__ == "trajbus.streams.wire.records"

@@ -9,7 +9,7 @@ import torch
 
 from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.off_policy import importance_weights
-from trajbus.streams.records import Step
+from trajbus.streams.wire.records import Step
 
 
 def test_rows_carry_staleness_against_the_current_version():

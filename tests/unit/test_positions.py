@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from trajbus.infra import retry
-from trajbus.streams import positions as positions_module
-from trajbus.streams.positions import SourcePositions
-from trajbus.streams.state_store import AssemblyState
+from trajbus.streams.worker import positions as positions_module
+from trajbus.streams.worker.positions import SourcePositions
+from trajbus.streams.worker.state_store import AssemblyState
 from tests.unit.worker_fakes import new_worker, step
 
 

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from trajbus.streams import codec
-from trajbus.streams.prefix import (KEYFRAME_EVERY, PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL,
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.prefix import (KEYFRAME_EVERY, PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL,
                                     PrefixEncoder, PrefixError, PrefixResolver, StepDelta, regroup, step_of)
-from trajbus.streams.records import ReadyGroup, Step
+from trajbus.streams.wire.records import ReadyGroup, Step
 
 TASK = list(range(70_000, 70_500))  # ids past 65,535: 4 bytes each
 
@@ -145,7 +145,7 @@ def test_a_keyframe_inside_a_group_is_stored_against_the_step_before_it():
 
 
 def test_a_producer_whose_send_failed_writes_the_trajectorys_next_step_whole():
-    from trajbus.streams.producer import DeliveryError, StepProducer
+    from trajbus.streams.client.producer import DeliveryError, StepProducer
 
     first, second = trajectory("t", 3)[:2]
     with StepProducer("127.0.0.1:1", timeout=0.5, provision_topics=False) as producer:  # nobody listens

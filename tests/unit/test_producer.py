@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from trajbus.streams.prefix import PROMPT_FULL
-from trajbus.streams.delivery import Acks, Poller
-from trajbus.streams.producer import DeliveryError, StepProducer, TopicsUnavailable
+from trajbus.streams.wire.prefix import PROMPT_FULL
+from trajbus.streams.client.delivery import Acks, Poller
+from trajbus.streams.client.producer import DeliveryError, StepProducer, TopicsUnavailable
 from tests.unit.test_prefix import trajectory
 
 NOBODY = "127.0.0.1:1"  # nobody listens

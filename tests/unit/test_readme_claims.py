@@ -26,7 +26,7 @@ from pytest_codeblocks import CodeBlock, extract_from_file
 from trajbus.gateway.rewards import answer_match
 from trajbus.infra import bootstrap
 from trajbus.pipelines.cli import build_parser
-from trajbus.streams.topics import DEFAULT_CHANNELS, TopicSettings
+from trajbus.streams.wire.topics import DEFAULT_CHANNELS, TopicSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

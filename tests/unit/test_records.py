@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trajbus.streams.records import Step, TrajectoryEnd
+from trajbus.streams.wire.records import Step, TrajectoryEnd
 
 VALID = dict(prompt_ids=[1, 2], response_ids=[3], trajectory_uid="t", prompt_uid="p")
 

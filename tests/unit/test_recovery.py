@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from trajbus.streams import ledger
-from trajbus.streams import positions as positions_module
+from trajbus.streams.wire import ledger
+from trajbus.streams.worker import positions as positions_module
 from tests.unit.worker_fakes import FakeSends, new_worker, step
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from trajbus.streams.recovery_watch import RecoveryWatch
+from trajbus.streams.worker.table_recovery_watch import RecoveryWatch
 
 
 class FakeRecovery:

@@ -6,9 +6,9 @@ import pytest
 
 from trajbus.consumers.rllm.traces import (DELETED, ENDED, TRACE_KEY, entry_of, event_metadata, event_of, lineage,
                                            new_incarnation, trace_step)
-from trajbus.streams import codec
-from trajbus.streams.ledger import ABANDON
-from trajbus.streams.records import CONTINUES, SEGMENT_START, Step, TrajectoryEnd
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.ledger import ABANDON
+from trajbus.streams.wire.records import CONTINUES, SEGMENT_START, Step, TrajectoryEnd
 
 
 def rllm_trace(**changes) -> dict:

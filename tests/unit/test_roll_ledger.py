@@ -17,7 +17,7 @@ from trajbus.pipelines.agents import Episode
 from trajbus.pipelines.env_manager import EnvConfig, EnvManager, EpisodeScheduler, parse_prompt_uid
 from trajbus.pipelines.envs import MathEnv
 from trajbus.pipelines.global_dataset import GlobalDataset
-from trajbus.streams.ledger import ABANDONED, Dispatch, LedgerError, Outcome
+from trajbus.streams.wire.ledger import ABANDONED, Dispatch, LedgerError, Outcome
 
 
 class RecordingAgent:

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from trajbus.consumers.backends import VerlBackend
-from trajbus.streams import codec
-from trajbus.streams.prefix import PROMPT_EXTENDS_STEP, PrefixError, StepDelta, StructuredGroup
-from trajbus.streams.records import CONTINUES, SEGMENT_START, ReadyGroup, Step
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.prefix import PROMPT_EXTENDS_STEP, PrefixError, StepDelta, StructuredGroup
+from trajbus.streams.wire.records import CONTINUES, SEGMENT_START, ReadyGroup, Step
 from tests.unit.test_prefix import trajectory
 
 

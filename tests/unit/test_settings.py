@@ -10,8 +10,8 @@ import pytest
 
 from trajbus.gateway.config import GatewaySettings, _addresses, add_gateway_arguments, settings_from_args
 from trajbus.infra.arguments import positive_int
-from trajbus.streams.settings import ChannelSettings, WorkerSettings, import_dotted
-from trajbus.streams.topics import TopicSettings
+from trajbus.streams.worker.settings import ChannelSettings, WorkerSettings, import_dotted
+from trajbus.streams.wire.topics import TopicSettings
 
 
 @pytest.mark.parametrize("field, value", [

@@ -20,7 +20,7 @@ from trajbus.pipelines.slime.agentic_rollout import group_samples, handed_out
 from trajbus.pipelines.slime.harness import SAMPLE_INDEX
 from trajbus.pipelines.slime.rollout_args import RolloutShape, Verdict, dynamic_filter, eval_sets, sampling_of
 from trajbus.pipelines.slime.samples import POLICY_VERSIONS, samples_from_group
-from trajbus.streams.records import ReadyGroup, Step
+from trajbus.streams.wire.records import ReadyGroup, Step
 from tests.unit.test_ledger import FakeLedger
 from tests.unit.test_slime_data_source import no_broker, slime_args  # noqa: F401 (a fixture)
 

@@ -24,8 +24,8 @@ from trajbus.pipelines.slime import SlimeDataSource, SlimeSettings, samples_from
 from trajbus.pipelines.slime.samples import slime_sample_class
 from trajbus.pipelines.slime.settle import InFlight, dynamic_filter, settle_groups
 from trajbus.pipelines.slime.sglang import generate_rollout
-from trajbus.streams.ledger import ABANDONED, EMITTED
-from trajbus.streams.records import Step
+from trajbus.streams.wire.ledger import ABANDONED, EMITTED
+from trajbus.streams.wire.records import Step
 from tests.unit.test_ledger import FakeLedger
 
 STANDIN = Path(__file__).resolve().parents[1] / "slime_standin"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from trajbus.streams.assembly import PendingGroup
-from trajbus.streams import state_store
-from trajbus.streams.state_store import AssemblyState, partition_of
+from trajbus.streams.worker.assembly import PendingGroup
+from trajbus.streams.worker import state_store
+from trajbus.streams.worker.state_store import AssemblyState, partition_of
 
 # Keys and values exactly as the worker before the typed store wrote them (StateKey by hand, json.dumps).
 PENDING = PendingGroup(prompt_uid="p2", channel="train", trajectories={"t": {0: 5}}, first_seen=1.5, last_offset=5)

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from trajbus.streams import codec
-from trajbus.streams.prefix import PrefixEncoder
-from trajbus.streams.producer import _as_step
-from trajbus.streams.records import Step
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.prefix import PrefixEncoder
+from trajbus.streams.client.producer import _as_step
+from trajbus.streams.wire.records import Step
 
 FIELDS = {f.name for f in dataclasses.fields(Step)}
 LIMIT = 2**63 // 1000  # the record's timestamp is int64 milliseconds

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trajbus.consumers.backends import VerlBackend
-from trajbus.streams.records import CONTINUES, SEGMENT_START, Step
+from trajbus.streams.wire.records import CONTINUES, SEGMENT_START, Step
 
 
 def step(traj: str, index: int, prompt: list[int], response: list[int], reward: float = 0.0,

@@ -10,9 +10,9 @@ import torch
 
 from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.off_policy import importance_weights
-from trajbus.streams import codec
-from trajbus.streams.records import ReadyGroup, Step
-from trajbus.streams.versions import Segments, check_version_segments, token_versions
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.records import ReadyGroup, Step
+from trajbus.streams.wire.versions import Segments, check_version_segments, token_versions
 
 
 def cut_step(index: int = 0, prompt: list[int] | None = None, **kw) -> Step:

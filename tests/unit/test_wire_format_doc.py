@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from pytest_codeblocks import extract_from_file
 
-from trajbus.streams import codec
-from trajbus.streams.chunks import RECORD_OVERHEAD, manifest, split
-from trajbus.streams.prefix import PrefixEncoder, structure
-from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.chunks import RECORD_OVERHEAD, manifest, split
+from trajbus.streams.wire.prefix import PrefixEncoder, structure
+from trajbus.streams.wire.records import ReadyGroup, Step, TrajectoryEnd
 from tests.unit.test_prefix import trajectory
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "wire-format.md"
@@ -122,7 +122,7 @@ def test_documented_subscriber_frees_a_trajectory_at_its_end_step_or_its_traject
     by_end[-1].is_last = False
     values = [codec.encode(encoder.delta(step)) for step in by_end]
     assert [ns["step_body"](v, 4)[0]["prompt_form"] for v in values] == [0, 1, 1, 1]
-    encoder.forget("by-end")  # what StepProducer does as it encodes the end (streams/producer.py _encode)
+    encoder.forget("by-end")  # what StepProducer does as it encodes the end (streams/client/producer.py _encode)
     values.append(codec.encode(TrajectoryEnd("by-end", "p", reward=1.0)))
     decoded = [ns["decode"](value, contexts, None) for value in values[:-1]]
     assert [(d["prompt_ids"], d["is_last"]) for d in decoded] == [(s.prompt_ids, False) for s in by_end]

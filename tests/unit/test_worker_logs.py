@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from trajbus.streams import membership
-from trajbus.streams.membership import Membership, held_text, members_text, spans
-from trajbus.streams.periodic import every
-from trajbus.streams.worker_logs import OVERLAPPING, ROUTINE, FailureStreak, RoutineClientLines, logging_config
+from trajbus.streams.worker import membership
+from trajbus.streams.worker.membership import Membership, held_text, members_text, spans
+from trajbus.streams.worker.periodic import every
+from trajbus.streams.worker.logs import OVERLAPPING, ROUTINE, FailureStreak, RoutineClientLines, logging_config
 
 LOGGER_MODULES = {"aiokafka": "aiokafka.client", "aiokafka.consumer.fetcher": "aiokafka.consumer.fetcher",
                   "aiokafka.consumer.group_coordinator": "aiokafka.consumer.group_coordinator",

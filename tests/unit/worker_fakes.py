@@ -10,14 +10,16 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from trajbus.streams import codec, ledger
-from trajbus.streams.app import GroupAssembler
-from trajbus.streams.direct_reads import SOURCE_OFFSET, SOURCE_PARTITION, SourceRecord
-from trajbus.streams.dlq import REASON, DeadLetter, Headers
-from trajbus.streams.records import Step, TrajectoryEnd
-from trajbus.streams.settings import ChannelSettings, WorkerSettings
-from trajbus.streams.stats import WorkerMetrics
-from trajbus.streams.topics import TopicSettings, steps_topic
+from trajbus.streams.wire import codec
+
+from trajbus.streams.wire import ledger
+from trajbus.streams.worker.assembler import GroupAssembler
+from trajbus.streams.worker.direct_reads import SOURCE_OFFSET, SOURCE_PARTITION, SourceRecord
+from trajbus.streams.client.dlq import REASON, DeadLetter, Headers
+from trajbus.streams.wire.records import Step, TrajectoryEnd
+from trajbus.streams.worker.settings import ChannelSettings, WorkerSettings
+from trajbus.streams.worker.stats import WorkerMetrics
+from trajbus.streams.wire.topics import TopicSettings, steps_topic
 
 PREFIX = "p"
 CHANNEL = "train"

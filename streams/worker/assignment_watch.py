@@ -21,10 +21,10 @@ from typing import Any, Awaitable, Callable, Iterable
 
 import faust
 
-from trajbus.streams.periodic import every
-from trajbus.streams.settings import WorkerSettings
-from trajbus.streams.stats import WorkerMetrics
-from trajbus.streams.topics import channel_of, steps_topic
+from trajbus.streams.worker.periodic import every
+from trajbus.streams.worker.settings import WorkerSettings
+from trajbus.streams.worker.stats import WorkerMetrics
+from trajbus.streams.wire.topics import channel_of, steps_topic
 
 log = logging.getLogger("trajbus.worker")
 

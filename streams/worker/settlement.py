@@ -9,11 +9,11 @@ recovery settles the groups an earlier owner emitted but did not get to record.
 
 from __future__ import annotations
 
-from trajbus.streams import ledger
-from trajbus.streams.assembly import PendingGroup
-from trajbus.streams.bodies import StepBodies
-from trajbus.streams.outbox import Placed, Sends
-from trajbus.streams.state_store import AssemblyState
+from trajbus.streams.wire import ledger
+from trajbus.streams.worker.assembly import PendingGroup
+from trajbus.streams.worker.bodies import StepBodies
+from trajbus.streams.worker.outbox import Placed, Sends
+from trajbus.streams.worker.state_store import AssemblyState
 
 
 class Settlement:

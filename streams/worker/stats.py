@@ -140,7 +140,7 @@ def read_snapshots(bootstrap_servers: str, prefix: str, timeout: float = 10.0) -
 
     from trajbus.infra.clients import reader
     from trajbus.infra.topics import watermarks
-    from trajbus.streams.topics import stats_topic
+    from trajbus.streams.wire.topics import stats_topic
 
     topic = stats_topic(prefix)
     consumer = reader(bootstrap_servers, {"group.id": f"{prefix}.stats-reader"})

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from trajbus.infra.arguments import positive_float, positive_int
 from trajbus.infra.declared import setting
 from trajbus.infra.shared_settings import outage_limit_setting
-from trajbus.streams.topics import DEFAULT_CHANNELS, TopicSettings, validate_channel
+from trajbus.streams.wire.topics import DEFAULT_CHANNELS, TopicSettings, validate_channel
 
 STALE_ACTIONS = ("drop", "tag")
 ENV_PREFIX = "TRAJBUS_WORKER_"

@@ -17,8 +17,8 @@ from typing import Any, Iterable
 import faust
 
 from trajbus.infra.topics import admin_client
-from trajbus.streams.assignment_watch import held_by_channel
-from trajbus.streams.periodic import every
+from trajbus.streams.worker.assignment_watch import held_by_channel
+from trajbus.streams.worker.periodic import every
 
 log = logging.getLogger("trajbus.worker")
 

@@ -4,7 +4,7 @@ Every component that cannot process a record writes it to ``{prefix}.dlq`` with
 these headers instead of dropping it, so nothing malformed disappears silently.
 A letter is built and told in one place (``DeadLetter``); clients that read with
 confluent-kafka write it with ``dead_letter``, the worker through its outbox
-(``streams.outbox.Outbox.dead_letter``): the same record and log line either way.
+(``streams.worker.outbox.Outbox.dead_letter``): the same record and log line either way.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from trajbus.streams.delivery import produce_acked
-from trajbus.streams.topics import dlq_topic
+from trajbus.streams.client.delivery import produce_acked
+from trajbus.streams.wire.topics import dlq_topic
 
 REASON = "trajbus-dlq-reason"
 SOURCE_TOPIC = "trajbus-dlq-source-topic"

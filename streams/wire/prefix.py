@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from cachetools import LRUCache
 
-from trajbus.streams.records import ReadyGroup, Step
+from trajbus.streams.wire.records import ReadyGroup, Step
 
 PROMPT_FULL = 0
 PROMPT_EXTENDS_STEP = 1

@@ -15,8 +15,8 @@ import logging
 import time
 from trajbus.infra.retry import retrying_async
 from trajbus.infra.topics import consumer_group_lag
-from trajbus.streams.state_store import AssemblyState
-from trajbus.streams.topics import steps_topic
+from trajbus.streams.worker.state_store import AssemblyState
+from trajbus.streams.wire.topics import steps_topic
 
 log = logging.getLogger("trajbus.worker")
 

@@ -1,7 +1,7 @@
 """Group assembly: the pure logic that turns step events into ready prompt groups.
 
 Kept free of Kafka and Faust so that the rules are in one place and testable on
-their own; ``streams.app`` stores a ``PendingGroup`` per prompt group in a Faust
+their own; ``streams.worker.assembler`` stores a ``PendingGroup`` per prompt group in a Faust
 table and calls ``add`` for every event.
 
 A pending group holds *where* its steps are (their source offsets) and what readiness
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping
 
-from trajbus.streams.prefix import StepDelta, step_of, with_step
-from trajbus.streams.records import ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.wire.prefix import StepDelta, step_of, with_step
+from trajbus.streams.wire.records import ReadyGroup, Step, TrajectoryEnd
 
 
 class Outcome(str, Enum):

@@ -14,8 +14,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from trajbus.streams.records import ReadyGroup
-from trajbus.streams.settings import ChannelSettings
+from trajbus.streams.wire.records import ReadyGroup
+from trajbus.streams.worker.settings import ChannelSettings
 
 log = logging.getLogger(__name__)
 

@@ -33,10 +33,10 @@ from trajbus.infra.kafka_config import KafkaUnreachable, connection_properties, 
 from trajbus.infra.outage import OutageWatch
 from trajbus.infra.retry import retrying
 from trajbus.infra.topics import TopicSpec, ensure_topics, partition_counts
-from trajbus.streams.app import build_app, changelog_topic_name
-from trajbus.streams.settings import WorkerSettings
-from trajbus.streams.topics import steps_topic
-from trajbus.streams.worker_logs import logging_config, lost_kafka
+from trajbus.streams.worker.assembler import build_app, changelog_topic_name
+from trajbus.streams.worker.settings import WorkerSettings
+from trajbus.streams.wire.topics import steps_topic
+from trajbus.streams.worker.logs import logging_config, lost_kafka
 
 log = logging.getLogger("trajbus.worker")
 

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from confluent_kafka import TopicPartition
 from trajbus.infra.clients import acked_producer, reader
 
-from trajbus.streams.delivery import produce_acked
-from trajbus.streams.topics import DEFAULT_PREFIX, policy_topic
+from trajbus.streams.client.delivery import produce_acked
+from trajbus.streams.wire.topics import DEFAULT_PREFIX, policy_topic
 
 if TYPE_CHECKING:
-    from trajbus.streams.weight_update import UpdateReport
+    from trajbus.streams.client.weight_update import UpdateReport
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,8 @@ class PolicyVersionPublisher:
         """Pause every gateway (generations in flight are cut, their tokens kept), ``load()`` the new
         weights into the engines, publish ``version``, resume every gateway at it (cut generations
         continue under the new weights); ``drain``: wait for generations in flight instead of cutting
-        them. See ``streams.weight_update``."""
-        from trajbus.streams.weight_update import GatewayUpdates  # HTTP: only for a trainer that updates
+        them. See ``streams.client.weight_update``."""
+        from trajbus.streams.client.weight_update import GatewayUpdates  # HTTP: only for a trainer that updates
 
         updates = GatewayUpdates(gateways, api_key)
         try:

@@ -1,9 +1,9 @@
 """The Faust stream processor: step events in, ready prompt groups out, exactly once per group.
 
 ``GroupAssembler`` applies the events and runs the periodic work; it owns its parts, each
-given its collaborators: the typed state over the one table (``streams.state_store``),
-emission (``streams.emission``), recovery of a partition (``streams.recovery``), the
-applied source positions (``streams.positions``) and the step bodies (``streams.bodies``).
+given its collaborators: the typed state over the one table (``streams.worker.state_store``),
+emission (``streams.worker.emission``), recovery of a partition (``streams.worker.recovery``), the
+applied source positions (``streams.worker.positions``) and the step bodies (``streams.worker.bodies``).
 ``build_app`` wires it to a Faust app; without one (unit tests) it runs on a dict and fakes.
 
 One agent consumes ``{prefix}.steps.{channel}`` of every configured channel.
@@ -17,12 +17,12 @@ step count, never its tokens; the bodies come from memory or the steps topic
 changelog partition, and all state of a partition is ordered in one changelog partition.
 
 Exactly once out, with at-least-once in: a group is acknowledged on the groups
-topic before the table records it (``streams.emission``), and a worker that
+topic before the table records it (``streams.worker.emission``), and a worker that
 (re)gains a partition first records what an earlier owner emitted
-(``streams.recovery``); an event at or below an emitted group's last source offset
+(``streams.worker.recovery``); an event at or below an emitted group's last source offset
 is a replay (counted as duplicate), one above it is late and goes to the DLQ.
 Nothing in is lost: the table keeps each partition's applied source position
-(``streams.positions``), and what Faust skips or never delivers is read directly.
+(``streams.worker.positions``), and what Faust skips or never delivers is read directly.
 
 A group is emitted the moment it is ready, whatever older groups still wait.
 """
@@ -42,29 +42,30 @@ from prometheus_client import start_http_server
 
 from trajbus.infra.clients import acked_producer
 from trajbus.infra.retry import retrying_async
-from trajbus.streams import codec, ledger
-from trajbus.streams.assembly import Outcome
-from trajbus.streams.assignment_watch import watch_assignment
-from trajbus.streams.bodies import StepBodies
-from trajbus.streams.direct_reads import DirectReads
-from trajbus.streams.dlq import DeadLetter
-from trajbus.streams.emission import PREFIX_MISMATCH, Emission, GroupEmission
-from trajbus.streams.faust_app import PartitionKeyedTable, worker_app
-from trajbus.streams.membership import announce_membership
-from trajbus.streams.outbox import Outbox, Sends
-from trajbus.streams.periodic import every
-from trajbus.streams.policy import PolicyWatcher
-from trajbus.streams.positions import SourcePositions
-from trajbus.streams.prefix import StepDelta, step_of
-from trajbus.streams.queue_bound import QueueBound
-from trajbus.streams.records import Step, TrajectoryEnd
-from trajbus.streams.recovery import PartitionRecovery, Recovery
-from trajbus.streams.recovery_watch import watch_recovery
-from trajbus.streams.settings import WorkerSettings
-from trajbus.streams.settlement import Settlement
-from trajbus.streams.state_store import AssemblyState
-from trajbus.streams.stats import WorkerMetrics, encode_snapshot
-from trajbus.streams.topics import channel_of, stats_topic, steps_topic
+from trajbus.streams.wire import codec
+from trajbus.streams.wire import ledger
+from trajbus.streams.worker.assembly import Outcome
+from trajbus.streams.worker.assignment_watch import watch_assignment
+from trajbus.streams.worker.bodies import StepBodies
+from trajbus.streams.worker.direct_reads import DirectReads
+from trajbus.streams.client.dlq import DeadLetter
+from trajbus.streams.worker.emission import PREFIX_MISMATCH, Emission, GroupEmission
+from trajbus.streams.worker.faust_classes import PartitionKeyedTable, worker_app
+from trajbus.streams.worker.membership import announce_membership
+from trajbus.streams.worker.outbox import Outbox, Sends
+from trajbus.streams.worker.periodic import every
+from trajbus.streams.client.policy import PolicyWatcher
+from trajbus.streams.worker.positions import SourcePositions
+from trajbus.streams.wire.prefix import StepDelta, step_of
+from trajbus.streams.worker.queue_bound import QueueBound
+from trajbus.streams.wire.records import Step, TrajectoryEnd
+from trajbus.streams.worker.recovery import PartitionRecovery, Recovery
+from trajbus.streams.worker.table_recovery_watch import watch_recovery
+from trajbus.streams.worker.settings import WorkerSettings
+from trajbus.streams.worker.settlement import Settlement
+from trajbus.streams.worker.state_store import AssemblyState
+from trajbus.streams.worker.stats import WorkerMetrics, encode_snapshot
+from trajbus.streams.wire.topics import channel_of, stats_topic, steps_topic
 
 log = logging.getLogger("trajbus.worker")
 
@@ -318,7 +319,7 @@ def changelog_topic_name(app: faust.App) -> str:
 
 
 def build_app(bootstrap_servers: str, settings: WorkerSettings, datadir: Path) -> tuple[faust.App, GroupAssembler]:
-    """A Faust app wired for ``settings``; run it with ``streams.worker.run_worker``."""
+    """A Faust app wired for ``settings``; run it with ``streams.worker.process.run_worker``."""
     app = worker_app(bootstrap_servers, settings, datadir)
     table = app.tables.add(PartitionKeyedTable(
         app, name=STATE_TABLE, key_type=bytes, value_type=bytes, beacon=app.tables.beacon,

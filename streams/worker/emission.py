@@ -5,16 +5,16 @@
   behind the table;
 - each emitted group carries its source partition and offset in headers, and
   the table keeps a per-partition watermark of the groups-topic offsets it has
-  recorded (``AssemblyState.advance_watermark``), which recovery reads past (``streams.recovery``);
+  recorded (``AssemblyState.advance_watermark``), which recovery reads past (``streams.worker.recovery``);
 - the group record is built from the steps as stored (schema v2 deltas are kept as
   they are, ``prefix.regroup``): no prompt is rebuilt, so emitting costs the group's
   distinct tokens;
 - a group record over ``max.message.bytes`` is written as chunks and named by a
-  manifest (``streams.chunks``); one over the channel's ``max_group_bytes``, or whose
+  manifest (``streams.wire.chunks``); one over the channel's ``max_group_bytes``, or whose
   steps are gone or inconsistent, is dropped with its reason and assembly of every
   other group goes on;
-- every outcome is written to the channel's prompt ledger (``streams.ledger``), acknowledged,
-  before the table records it (``streams.settlement``), so a data source resuming from the
+- every outcome is written to the channel's prompt ledger (``streams.wire.ledger``), acknowledged,
+  before the table records it (``streams.worker.settlement``), so a data source resuming from the
   ledger never misses one;
   a group its data source abandons is dropped here, in step order, unless already emitted.
 """
@@ -27,20 +27,24 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from trajbus.streams import chunks, codec, ledger
-from trajbus.streams.assembly import PendingGroup
-from trajbus.streams.bodies import StepBodies
-from trajbus.streams.direct_reads import SOURCE_OFFSET, SOURCE_PARTITION
-from trajbus.streams.dlq import DeadLetter
-from trajbus.streams.filters import judge
-from trajbus.streams.outbox import Placed, Sends
-from trajbus.streams.prefix import PrefixError, StepDelta, regroup, resolve_group
-from trajbus.streams.records import ChunkedGroup, ReadyGroup, TrajectoryEnd
-from trajbus.streams.settings import WorkerSettings
-from trajbus.streams.settlement import Settlement
-from trajbus.streams.state_store import AssemblyState
-from trajbus.streams.stats import WorkerMetrics
-from trajbus.streams.topics import steps_topic
+from trajbus.streams.wire import chunks
+
+from trajbus.streams.wire import codec
+
+from trajbus.streams.wire import ledger
+from trajbus.streams.worker.assembly import PendingGroup
+from trajbus.streams.worker.bodies import StepBodies
+from trajbus.streams.worker.direct_reads import SOURCE_OFFSET, SOURCE_PARTITION
+from trajbus.streams.client.dlq import DeadLetter
+from trajbus.streams.worker.filters import judge
+from trajbus.streams.worker.outbox import Placed, Sends
+from trajbus.streams.wire.prefix import PrefixError, StepDelta, regroup, resolve_group
+from trajbus.streams.wire.records import ChunkedGroup, ReadyGroup, TrajectoryEnd
+from trajbus.streams.worker.settings import WorkerSettings
+from trajbus.streams.worker.settlement import Settlement
+from trajbus.streams.worker.state_store import AssemblyState
+from trajbus.streams.worker.stats import WorkerMetrics
+from trajbus.streams.wire.topics import steps_topic
 
 log = logging.getLogger("trajbus.worker")
 

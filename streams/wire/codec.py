@@ -6,7 +6,7 @@ vocabulary costs 2 or 4 bytes per token instead of JSON's 6-7, and decoding is
 one ``frombuffer`` call in any language. Log-probs are float32 (what engines
 report). Everything else is a handful of fixed-width fields and length-prefixed
 UTF-8 strings. Schema v2 stores a prompt against a prefix stored elsewhere
-(``streams.prefix``); v1 values still decode.
+(``streams.wire.prefix``); v1 values still decode.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Union
 
 import numpy as np
 
-from trajbus.streams.prefix import (PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL,
+from trajbus.streams.wire.prefix import (PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL,
                                     StepDelta, StructuredGroup, structure)
-from trajbus.streams.records import ChunkedGroup, ReadyGroup, Step, TrajectoryEnd
-from trajbus.streams.versions import check_version_segments
+from trajbus.streams.wire.records import ChunkedGroup, ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.wire.versions import check_version_segments
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)

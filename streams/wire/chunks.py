@@ -23,9 +23,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from trajbus.infra.clients import reader
 from trajbus.infra.topics import read_partition, watermarks
-from trajbus.streams import codec
-from trajbus.streams.prefix import StructuredGroup
-from trajbus.streams.records import ChunkedGroup, ReadyGroup
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.prefix import StructuredGroup
+from trajbus.streams.wire.records import ChunkedGroup, ReadyGroup
 
 log = logging.getLogger(__name__)
 

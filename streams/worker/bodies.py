@@ -16,9 +16,9 @@ from typing import Any, Callable, Iterable
 
 from cachetools import LRUCache
 
-from trajbus.streams import codec
-from trajbus.streams.prefix import StepDelta
-from trajbus.streams.records import Step
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.prefix import StepDelta
+from trajbus.streams.wire.records import Step
 
 Where = tuple[str, int]
 """(channel, source partition)."""

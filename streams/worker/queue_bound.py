@@ -12,10 +12,10 @@ import asyncio
 import logging
 
 from trajbus.infra.topics import consumer_group_lag, delete_records_before
-from trajbus.streams.settings import WorkerSettings
-from trajbus.streams.stats import WorkerMetrics
-from trajbus.streams.topics import groups_topic, trainer_group_id
-from trajbus.streams.worker_logs import FailureStreak
+from trajbus.streams.worker.settings import WorkerSettings
+from trajbus.streams.worker.stats import WorkerMetrics
+from trajbus.streams.wire.topics import groups_topic, trainer_group_id
+from trajbus.streams.worker.logs import FailureStreak
 
 log = logging.getLogger("trajbus.worker")
 

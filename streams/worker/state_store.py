@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Iterator, MutableMapping
 
-from trajbus.streams.assembly import PendingGroup
+from trajbus.streams.worker.assembly import PendingGroup
 
 
 class KeyKind(str, Enum):

@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 
 import faust
 
-from trajbus.streams.worker_logs import FailureStreak
+from trajbus.streams.worker.logs import FailureStreak
 
 log = logging.getLogger("trajbus.worker")
 

@@ -13,11 +13,11 @@ from typing import Any, Iterable, Protocol
 
 import faust
 
-from trajbus.streams import ledger
-from trajbus.streams.dlq import DeadLetter, Headers
-from trajbus.streams.settings import WorkerSettings
-from trajbus.streams.stats import WorkerMetrics
-from trajbus.streams.topics import chunks_topic, dlq_topic, groups_topic, prompts_topic
+from trajbus.streams.wire import ledger
+from trajbus.streams.client.dlq import DeadLetter, Headers
+from trajbus.streams.worker.settings import WorkerSettings
+from trajbus.streams.worker.stats import WorkerMetrics
+from trajbus.streams.wire.topics import chunks_topic, dlq_topic, groups_topic, prompts_topic
 
 log = logging.getLogger("trajbus.worker")
 

@@ -2,8 +2,8 @@
 
 ``{prefix}.steps.{channel}``  step events, key = prompt_uid
 ``{prefix}.groups.{channel}`` ready prompt groups; retention is the backpressure
-``{prefix}.chunks.{channel}`` the bytes of groups too large for one record (``streams.chunks``)
-``{prefix}.prompts.{channel}`` the prompt ledger: groups handed out and how each ended (compacted, ``streams.ledger``)
+``{prefix}.chunks.{channel}`` the bytes of groups too large for one record (``streams.wire.chunks``)
+``{prefix}.prompts.{channel}`` the prompt ledger: groups handed out and how each ended (compacted, ``streams.wire.ledger``)
 ``{prefix}.policy``           the trainer's policy version (compacted)
 ``{prefix}.dlq``              records that could not be processed, with the reason
 ``{prefix}.stats``            statistics snapshots of the stream workers (compacted)
@@ -64,7 +64,7 @@ def chunks_topic(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
 
 
 def prompts_topic(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
-    """The prompt ledger of a channel (``streams.ledger``): one partition, compacted."""
+    """The prompt ledger of a channel (``streams.wire.ledger``): one partition, compacted."""
     return f"{prefix}.prompts.{validate_channel(channel)}"
 
 

@@ -22,13 +22,13 @@ import asyncio
 import logging
 from typing import Any, Awaitable, Callable, Protocol
 
-from trajbus.streams.direct_reads import DirectReads
-from trajbus.streams.positions import SourcePositions
-from trajbus.streams.settings import WorkerSettings
-from trajbus.streams.settlement import Settlement
-from trajbus.streams.state_store import AssemblyState
-from trajbus.streams.stats import WorkerMetrics
-from trajbus.streams.topics import groups_topic, steps_topic
+from trajbus.streams.worker.direct_reads import DirectReads
+from trajbus.streams.worker.positions import SourcePositions
+from trajbus.streams.worker.settings import WorkerSettings
+from trajbus.streams.worker.settlement import Settlement
+from trajbus.streams.worker.state_store import AssemblyState
+from trajbus.streams.worker.stats import WorkerMetrics
+from trajbus.streams.wire.topics import groups_topic, steps_topic
 
 log = logging.getLogger("trajbus.worker")
 

@@ -10,7 +10,7 @@ in the broker-restart test). With idempotence the broker drops the retry by its
 producer id and sequence number.
 
 A group that lost a topic must get it back: ``EagerFetchConsumer.rejoin_for`` (the assignment
-watch, ``streams.assignment_watch``) refreshes the consumer's metadata and rejoins the group.
+watch, ``streams.worker.assignment_watch``) refreshes the consumer's metadata and rejoins the group.
 
 A record must reach the worker at once. Faust creates its aiokafka consumer with
 ``fetch_max_wait_ms=1500``, and aiokafka keeps one fetch in flight per broker: a
@@ -39,8 +39,8 @@ from faust.types import ConsumerT, ProducerT
 
 from trajbus.infra.clients import ROLE_DEFAULTS
 from trajbus.infra.kafka_config import faust_credentials
-from trajbus.streams.settings import WorkerSettings
-from trajbus.streams.state_store import partition_of
+from trajbus.streams.worker.settings import WorkerSettings
+from trajbus.streams.worker.state_store import partition_of
 
 log = logging.getLogger("trajbus.worker")
 FAUST_LOG = logging.getLogger("faust.trajbus")
@@ -155,7 +155,7 @@ def _broker_urls(bootstrap_servers: str) -> list[str]:
 
 
 def worker_app(bootstrap_servers: str, settings: WorkerSettings, datadir: Path) -> IdempotentApp:
-    """The worker's Faust app, configured for ``settings``; ``streams.app.build_app`` wires its agent."""
+    """The worker's Faust app, configured for ``settings``; ``streams.worker.assembler.build_app`` wires its agent."""
     return IdempotentApp(
         settings.app_id,
         broker=_broker_urls(bootstrap_servers),
