@@ -6,8 +6,7 @@ process that imports verl, and that must not pull in the Kafka consumer stack.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from trajbus.infra.lazy import lazy_exports
 
 _EXPORTS = {
     "BatchConsumer": "trajbus.consumers.batch_consumer",
@@ -17,7 +16,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'trajbus.consumers' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__, __dir__ = lazy_exports("trajbus.consumers", _EXPORTS, lambda: globals())

@@ -34,7 +34,7 @@ from starlette.responses import JSONResponse
 
 from trajbus.gateway import tool_calls
 from trajbus.gateway.backends import BackendError, Completion, NoBackendAvailable
-from trajbus.gateway.chat import ChatCall, backend_failure, check_logprobs
+from trajbus.gateway.chat import ChatCall, backend_failure
 from trajbus.gateway.errors import GatewayError
 from trajbus.gateway.responses import OrjsonResponse
 
@@ -126,22 +126,9 @@ class MessagesCall(ChatCall):
         tokenizer = self.parts.tokenizer
         return stop_reason(completion, parsed, self.request.stop, tokenizer.stop_ids, tokenizer.decode)
 
-    async def _settle(self) -> tool_calls.ParsedOutput:
-        """The generation's one choice checked, parsed and published (acknowledged)."""
-        completions = self.generation.choices
-        for completion in completions:
-            check_logprobs(completion)
-        parsed = [self._parse(c) for c in completions]
-        await self._publish(self.generation.backend, completions, parsed)
-        return parsed[0]
-
     async def complete(self) -> OrjsonResponse:
-        try:
-            await self.generation.start()
-            await self.generation.run()
-        except (NoBackendAvailable, BackendError) as exc:
-            raise backend_failure(exc) from None
-        parsed = await self._settle()
+        await self.generate()
+        parsed = (await self.settle())[0]
         completion = self.generation.choices[0]
         reason, sequence = self._stop(completion, parsed)
         return OrjsonResponse({"id": self.id, "type": "message", "role": "assistant", "model": self.model,
@@ -168,7 +155,7 @@ class MessagesCall(ChatCall):
                             yield _block_start(0, {"type": "text", "text": ""})
                         yield _delta(0, {"type": "text_delta", "text": text[sent:ready]})
                         sent = ready
-            parsed = await self._settle()
+            parsed = (await self.settle())[0]
         except (NoBackendAvailable, BackendError, GatewayError) as exc:
             error = exc if isinstance(exc, GatewayError) else backend_failure(exc)
             log.warning("messages stream failed trajectory=%s error=%s", self.trajectory.trajectory_uid,

@@ -38,7 +38,7 @@ from fastapi.responses import StreamingResponse
 from trajbus.gateway import tool_calls
 from trajbus.gateway.backends import BackendError, Completion, NoBackendAvailable
 from trajbus.gateway.conversation import Prompt
-from trajbus.gateway.errors import RETRY_SECONDS, GatewayError, bad_request, conflict, unavailable
+from trajbus.gateway.errors import RETRY_SECONDS, GatewayError, bad_request, unavailable
 from trajbus.gateway.generation import Generation, Sampled
 from trajbus.gateway.responses import OrjsonResponse
 from trajbus.gateway.schemas import ChatCompletionRequest
@@ -164,17 +164,28 @@ class ChatCall:
         return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": generated,
                 "total_tokens": len(self.prompt_ids) + generated}
 
-    async def complete(self) -> OrjsonResponse:
+    async def generate(self) -> None:
+        """The engine call, run to its end; a backend's failure is the agent's 502 or 503."""
         try:
             await self.generation.start()
             await self.generation.run()
         except (NoBackendAvailable, BackendError) as exc:
             raise backend_failure(exc) from None
-        backend, completions = self.generation.backend, self.generation.choices
+
+    async def settle(self) -> list[tool_calls.ParsedOutput]:
+        """The generation's choices checked, parsed and published (acknowledged): what every answer shape ends
+        with before its last bytes."""
+        completions = self.generation.choices
         for completion in completions:
             check_logprobs(completion)
         parsed = [self._parse(c) for c in completions]
-        await self._publish(backend, completions, parsed)
+        await self._publish(self.generation.backend, completions, parsed)
+        return parsed
+
+    async def complete(self) -> OrjsonResponse:
+        await self.generate()
+        completions = self.generation.choices
+        parsed = await self.settle()
         choices = [{"index": c.index, "message": self._message(p), "logprobs": None,
                     "finish_reason": "tool_calls" if p.tool_calls else c.finish_reason}
                    for c, p in zip(completions, parsed)]
@@ -207,10 +218,7 @@ class ChatCall:
                     if ready > sent[i]:
                         yield self._chunk(i, {"content": texts[i][sent[i]:ready]})
                         sent[i] = ready
-            for completion in completions:
-                check_logprobs(completion)
-            parsed = [self._parse(c) for c in completions]
-            await self._publish(self.generation.backend, completions, parsed)
+            parsed = await self.settle()
         except (BackendError, GatewayError) as exc:
             error = backend_failure(exc) if isinstance(exc, BackendError) else exc
             log.warning("chat stream failed trajectory=%s error=%s", self.trajectory.trajectory_uid, error.message)

@@ -19,7 +19,7 @@ from trajbus.gateway.admission import SETTINGS as ADMISSION_SETTINGS
 from trajbus.gateway.admission import AdmissionRules
 from trajbus.gateway.channels import REFRESH_SECONDS
 from trajbus.gateway.conversation import CUMULATIVE, MULTI_TURN_MODES
-from trajbus.infra.arguments import non_negative_float, positive_float, positive_int
+from trajbus.infra.arguments import non_negative_float, positive_float, positive_int, seconds
 from trajbus.infra.declared import add_flags, missing_flags, resolve, setting
 from trajbus.infra.kafka_config import add_connection_arguments
 from trajbus.infra.paths import trajbus_cache_dir
@@ -68,17 +68,6 @@ def _channel_admission(text: str) -> tuple[str, str, int | None]:
     if name not in ADMISSION_SETTINGS:
         raise argparse.ArgumentTypeError(f"{name}: not an admission setting (known: {', '.join(ADMISSION_SETTINGS)})")
     return channel, name, None if value.lower() == "off" else positive_int(value)
-
-
-def _seconds(text: str) -> float:
-    """A finite number of seconds >= 0 (0: not at all)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {value}")
-    return value
 
 
 def _instances(text: str) -> int:
@@ -130,12 +119,12 @@ class GatewaySettings:
         help="engine calls (chat/completions, /generate) one instance serves at once; beyond, a call is "
              "answered 503 with Retry-After at once rather than queued until its client times out")
     drain_delay: float = setting(
-        5.0, parse=_seconds,
+        5.0, parse=seconds,
         help="on SIGTERM, seconds the gateway keeps listening while /ready answers 503 and new calls get 503 with "
              "Retry-After (calls in flight go on), so load balancers see it unready and stop sending before "
              "connections are refused; 0: stop listening at once")
     drain_timeout: float = setting(
-        20.0, parse=_seconds,
+        20.0, parse=seconds,
         help="after the drain delay, seconds the calls still in flight have to end; a call not answered by then gets "
              "503 with Retry-After (a stream already under way is cut), then the producer is flushed and the process "
              "exits 0")

@@ -16,23 +16,27 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
-    """A finite number > 0; anything else is a usage error (exit code 2) naming the value."""
+def _finite_float(text: str, lowest: float, zero_allowed: bool, expected: str) -> float:
+    """A finite number at least ``lowest`` (above it unless ``zero_allowed``); else a usage error naming it."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not (lowest <= value if zero_allowed else lowest < value) or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
     return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0; anything else is a usage error (exit code 2) naming the value."""
+    return _finite_float(text, 0.0, False, "a positive number")
 
 
 def non_negative_float(text: str) -> float:
     """A finite number >= 0 (0 turns the thing off); anything else is a usage error (exit code 2)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
+    return _finite_float(text, 0.0, True, "a number >= 0")
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds >= 0 (0: not at all)."""
+    return _finite_float(text, 0.0, True, "a number of seconds >= 0")

@@ -17,13 +17,13 @@ as Python starts, before the script's folder is on the path
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from typing import Any
 
 _checkout = Path(__file__).resolve().parent.parent
 if (_checkout / "pyproject.toml").is_file() and (_checkout / "streams" / "wire" / "records.py").is_file():
     __path__.append(str(_checkout))  # a source checkout: trajbus.streams is ./streams
+
+from trajbus.infra.lazy import lazy_exports  # noqa: E402 - after the checkout is on __path__
 
 _EXPORTS = {
     "Step": "trajbus.streams.wire.records",
@@ -44,11 +44,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'trajbus' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports("trajbus", _EXPORTS, lambda: globals())
