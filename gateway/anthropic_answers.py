@@ -29,14 +29,13 @@ import logging
 import uuid
 from typing import Any, AsyncIterator, Callable, Collection
 
-import orjson
 from starlette.responses import JSONResponse
 
 from trajbus.gateway import tool_calls
 from trajbus.gateway.backends import BackendError, Completion, NoBackendAvailable
 from trajbus.gateway.chat import ChatCall, backend_failure
 from trajbus.gateway.errors import GatewayError
-from trajbus.gateway.responses import OrjsonResponse
+from trajbus.gateway.responses import OrjsonResponse, sse_event
 
 log = logging.getLogger("trajbus.gateway")
 
@@ -55,11 +54,6 @@ def error_body(error: GatewayError) -> dict[str, Any]:
 def error_response(error: GatewayError) -> JSONResponse:
     headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
     return JSONResponse(error_body(error), error.status, headers=headers)
-
-
-def event(name: str, payload: dict[str, Any]) -> bytes:
-    """One server-sent event of Anthropic's stream: its name, and ``payload`` as JSON."""
-    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
 def parse(text: str, tools: bool) -> tool_calls.ParsedOutput:
@@ -137,7 +131,7 @@ class MessagesCall(ChatCall):
                                          "output_tokens": len(completion.token_ids)}})
 
     def _started(self) -> bytes:
-        return event("message_start", {"type": "message_start", "message": {
+        return sse_event(name="message_start", payload={"type": "message_start", "message": {
             "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
             "stop_reason": None, "stop_sequence": None,
             "usage": {"input_tokens": len(self.prompt_ids), "output_tokens": 0}}})
@@ -160,29 +154,29 @@ class MessagesCall(ChatCall):
             error = exc if isinstance(exc, GatewayError) else backend_failure(exc)
             log.warning("messages stream failed trajectory=%s error=%s", self.trajectory.trajectory_uid,
                         error.message)
-            yield event("error", error_body(error))
+            yield sse_event(name="error", payload=error_body(error))
             return
         for chunk in _finish(parsed, sent):
             yield chunk
         completion = self.generation.choices[0]
         reason, sequence = self._stop(completion, parsed)
-        yield event("message_delta", {"type": "message_delta",
+        yield sse_event(name="message_delta", payload={"type": "message_delta",
                                       "delta": {"stop_reason": reason, "stop_sequence": sequence},
                                       "usage": {"input_tokens": len(self.prompt_ids),
                                                 "output_tokens": len(completion.token_ids)}})
-        yield event("message_stop", {"type": "message_stop"})
+        yield sse_event(name="message_stop", payload={"type": "message_stop"})
 
 
 def _block_start(index: int, block: dict[str, Any]) -> bytes:
-    return event("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+    return sse_event({"type": "content_block_start", "index": index, "content_block": block}, "content_block_start")
 
 
 def _delta(index: int, delta: dict[str, Any]) -> bytes:
-    return event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+    return sse_event({"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta")
 
 
 def _block_stop(index: int) -> bytes:
-    return event("content_block_stop", {"type": "content_block_stop", "index": index})
+    return sse_event({"type": "content_block_stop", "index": index}, "content_block_stop")
 
 
 def _finish(parsed: tool_calls.ParsedOutput, sent: int) -> list[bytes]:

@@ -32,15 +32,13 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-import orjson
-from fastapi.responses import StreamingResponse
 
 from trajbus.gateway import tool_calls
 from trajbus.gateway.backends import BackendError, Completion, NoBackendAvailable
 from trajbus.gateway.conversation import Prompt
 from trajbus.gateway.errors import RETRY_SECONDS, GatewayError, bad_request, unavailable
 from trajbus.gateway.generation import Generation, Sampled
-from trajbus.gateway.responses import OrjsonResponse
+from trajbus.gateway.responses import SSE_DONE, EventSourceResponse, OrjsonResponse, sse_event
 from trajbus.gateway.schemas import ChatCompletionRequest
 from trajbus.gateway.service import GatewayService
 from trajbus.gateway.trajectories import Trajectory
@@ -66,11 +64,6 @@ def check_prompt_length(prompt_ids: list[int], limit: int, what: str = "messages
     if len(prompt_ids) > limit:
         raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {what} "
                           f"resulted in {len(prompt_ids)} tokens.", param=what, code="context_length_exceeded")
-
-
-def sse(payload: dict[str, Any]) -> bytes:
-    """One server-sent event carrying ``payload`` as JSON."""
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def check_logprobs(completion: Completion) -> None:
@@ -195,14 +188,14 @@ class ChatCall:
     def _chunk(self, index: int, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         payload = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                    "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
-        return sse(payload)
+        return sse_event(payload)
 
-    async def stream(self) -> StreamingResponse:
+    async def stream(self) -> EventSourceResponse:
         try:  # connect before answering: a refused connection is retried, an unavailable pool is a 503
             await self.generation.start()
         except (NoBackendAvailable, BackendError) as exc:
             raise backend_failure(exc) from None
-        return StreamingResponse(self._events(), media_type="text/event-stream")
+        return EventSourceResponse(self._events())
 
     async def _events(self) -> AsyncIterator[bytes]:
         completions = self.generation.choices
@@ -222,7 +215,7 @@ class ChatCall:
         except (BackendError, GatewayError) as exc:
             error = backend_failure(exc) if isinstance(exc, BackendError) else exc
             log.warning("chat stream failed trajectory=%s error=%s", self.trajectory.trajectory_uid, error.message)
-            yield sse(error.body())
+            yield sse_event(error.body())
             return
         for choice, output in zip(completions, parsed):
             if output.tool_calls:
@@ -234,5 +227,5 @@ class ChatCall:
         if (self.request.stream_options or {}).get("include_usage"):
             usage = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                      "choices": [], "usage": self._usage(completions)}
-            yield sse(usage)
-        yield b"data: [DONE]\n\n"
+            yield sse_event(usage)
+        yield SSE_DONE
