@@ -104,28 +104,27 @@ class StreamDecoder:
     The event-stream rules: lines end with LF, CRLF or CR; ``data:`` lines of one event are joined with
     LF, a blank line ends the event, ``:`` starts a comment, ``event:`` names the event (kept, so an
     ``error`` event is not read as a completion), other fields are ignored. A partial line or event waits
-    for the next batch; one left at the end of the body is dropped, as the rules say.
+    for the next batch; one left at the end of the body is dropped, as the rules say. A CR ends its line
+    at once (an event it completes is not held back, and a body may end with it); an LF right after it,
+    in the same batch or first in the next, is its CRLF's.
     """
 
     def __init__(self) -> None:
         self._partial = b""
+        self._after_cr = False
         self._data: list[bytes] = []
         self._event = b""
 
     def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
         """The events completed by ``data``: (event name, empty for the default one; data)."""
+        if self._after_cr and data[:1] == b"\n":  # the LF of a CRLF split between two batches
+            data = data[1:]
         buffer = self._partial + data
+        self._after_cr = buffer.endswith(b"\r")
         if b"\r" in buffer:
-            if buffer.endswith(b"\r"):  # its LF may come next: decide with the next batch
-                buffer, self._partial = buffer[:-1], b"\r"
-            else:
-                self._partial = b""
             buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-            end = buffer.rfind(b"\n")
-            self._partial = buffer[end + 1:] + self._partial
-        else:
-            end = buffer.rfind(b"\n")
-            self._partial = buffer[end + 1:]
+        end = buffer.rfind(b"\n")
+        self._partial = buffer[end + 1:]
         if end < 0:
             return []
         events = []
