@@ -24,11 +24,12 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.topics import watermarks
 from trajbus.infra.clients import acked_producer, trainer_consumer
-from trajbus.infra.kafka_config import KafkaUnreachable
-from trajbus.infra.outage import CONNECT_TIMEOUT, OUTAGE_LIMIT, OutageWatch, first_contact
+from trajbus.infra.first_contact import CONNECT_TIMEOUT, first_contact
+from trajbus.infra.outage import OUTAGE_LIMIT, KafkaUnreachable
 from trajbus.infra.retry import retrying
 from trajbus.consumers import metrics
 from trajbus.consumers.backends import TrainingBackend
+from trajbus.consumers.contact import ContactWatch
 from trajbus.consumers.rows import check_group
 from trajbus.streams.wire import codec
 from trajbus.streams.wire.chunks import ChunkReader
@@ -93,11 +94,8 @@ class BatchConsumer:
         self.connect_timeout = connect_timeout
         """Seconds the first fetch waits for a cluster never reached before ``ClusterNotReached``."""
         self._contacted = False
-        self._last_contact = time.monotonic()
-        self._outage = None if outage_limit is None else OutageWatch(
-            self.bootstrap_servers, outage_limit, what="trainer", setting="outage_limit", consequence=None,
-            reachable=self._reachable)
-        """The outage rule, asked while fetches wait (``_check_contact``); no thread of its own."""
+        self._watch = ContactWatch(self._consumer, self.topic, self.bootstrap_servers, outage_limit)
+        """When the cluster was last heard, and the outage rule asked while fetches wait; no thread of its own."""
         self.keep = keep
         """Which groups (by ``prompt_uid``) this consumer hands out; the others are passed over."""
         self.fetched_bytes = 0
@@ -133,7 +131,7 @@ class BatchConsumer:
         if not self._contacted:
             first_contact(self.bootstrap_servers, self.connect_timeout)
             self._contacted = True
-            self._last_contact = time.monotonic()
+            self._watch.heard()
 
     def _next(self, timeout: float | None) -> tuple[StructuredGroup, int, int] | None:
         self._contact()
@@ -144,9 +142,9 @@ class BatchConsumer:
                 return None
             message = self._consumer.poll(min(remaining, 1.0))
             if message is None:
-                self._check_contact(deadline)
+                self._watch.check(deadline)
                 continue
-            self._last_contact = time.monotonic()
+            self._watch.heard()
             if message.error():
                 if message.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error on %s: %s", self.topic, message.error().str())
@@ -164,27 +162,6 @@ class BatchConsumer:
                 return group, message.partition(), message.offset()
             if not self._held:  # a skipped record moves the position only if no group waits before it
                 self._positions[message.partition()] = message.offset() + 1
-
-    def _check_contact(self, deadline: float | None) -> None:
-        """While nothing arrives, ask the broker every few seconds whether it is there, by the one outage
-        rule (``infra.outage.OutageWatch``): the trainer rides through an outage (librdkafka reconnects)
-        and gets ``KafkaUnreachable`` past ``outage_limit``. The question waits no later than the fetch's
-        ``deadline`` (a second at least)."""
-        if self._outage is None or time.monotonic() - self._last_contact < self._outage.interval:
-            return
-        every = self._outage.interval
-        reason = self._outage.check(every if deadline is None else min(every, max(1.0, deadline - time.monotonic())))
-        self._last_contact = time.monotonic()
-        if reason is not None:
-            raise KafkaUnreachable(f"{reason}: no broker of {self.bootstrap_servers} answers")
-
-    def _reachable(self, timeout: float) -> bool:
-        """The outage rule's probe: a metadata request of this consumer's own."""
-        try:
-            self._consumer.list_topics(self.topic, timeout=timeout)
-            return True
-        except KafkaException:
-            return False
 
     def fetch_dataproto(self, n_groups: int, timeout: float | None = None,
                         current_version: int | None = None) -> Any | None:

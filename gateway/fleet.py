@@ -14,6 +14,10 @@ the same sockets, id and state: connections its agents open meanwhile wait in
 the socket's queue and are answered by the new process (503 with Retry-After
 until it is ready), so they continue token-consistently; the other instances
 notice nothing. SIGTERM or SIGINT stops every instance gracefully.
+
+What an instance runs is given to the fleet: ``gateway.server`` owns running one
+instance and hands its ``serve`` over for ``--instances N``, so the fleet needs
+nothing of the server.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import sys
 import threading
 import time
 from multiprocessing.process import BaseProcess
+from typing import Callable
 
 from trajbus.gateway.config import GatewaySettings
 
@@ -39,6 +44,9 @@ STOP_SECONDS = 30.0
 QUICK_EXIT_SECONDS = 30.0
 """An instance that ends sooner than this after its start is restarted with a growing delay."""
 
+ServeInstance = Callable[[GatewaySettings, list[socket.socket]], int]
+"""One instance's server: its settings and the sockets the fleet bound in, its exit status out."""
+
 
 def listening_socket(host: str, port: int) -> socket.socket:
     """A listening socket the forked instances inherit (the event loop makes it non-blocking)."""
@@ -50,24 +58,23 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _run_instance(settings: GatewaySettings, sockets: list[socket.socket]) -> None:
+def _run_instance(serve: ServeInstance, settings: GatewaySettings, sockets: list[socket.socket]) -> None:
     """The forked instance: serve on the door and its own socket until told to stop."""
-    from trajbus.gateway.server import serve
-
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # uvicorn installs its own once serving
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     sys.exit(serve(settings, sockets))
 
 
 class GatewayFleet:
-    """Binds the sockets, forks the instances, restarts one that dies, stops them all on a signal."""
+    """Binds the sockets, forks the instances, restarts one that dies, stops them all on a signal.
+    ``serve`` is what each instance runs (``gateway.server.serve``, which owns running one)."""
 
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(self, settings: GatewaySettings, serve: ServeInstance) -> None:
         if settings.instances > 1 and settings.public_url and not any(
                 key in settings.public_url for key in ("{instance}", "{port}")):
             raise ValueError("--public-url must name {port} or {instance} with --instances > 1: each "
                              "instance's base_urls must lead back to it")
-        self.settings = settings
+        self.settings, self.serve = settings, serve
         self.door = listening_socket(settings.host, settings.port)
         door_port = self.door.getsockname()[1]
         self.own = [listening_socket(settings.host, door_port + 1 + i if settings.port else 0)
@@ -87,7 +94,7 @@ class GatewayFleet:
 
     def _start(self, index: int) -> None:
         process = self._context.Process(target=_run_instance, name=f"gateway-{index}",
-                                        args=(self.instances[index], [self.door, self.own[index]]))
+                                        args=(self.serve, self.instances[index], [self.door, self.own[index]]))
         process.start()
         self._processes[index], self._started[index] = process, time.monotonic()
         log.info("gateway instance started index=%d pid=%d url=%s", index, process.pid,

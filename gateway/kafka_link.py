@@ -21,8 +21,8 @@ from trajbus.gateway.config import GatewaySettings
 from trajbus.gateway.errors import GatewayError, from_value_error, unavailable
 from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
-from trajbus.infra.clients import cluster_metadata
-from trajbus.infra.kafka_config import authentication_failure, connection_properties, explain, redacted
+from trajbus.infra.clients import authentication_failure, cluster_metadata, explain
+from trajbus.infra.kafka_config import connection_properties, redacted
 from trajbus.infra.outage import OutageWatch
 from trajbus.infra.retry import Stopped, retrying
 from trajbus.infra.topics import admin_client

@@ -22,6 +22,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from trajbus.gateway.config import GatewaySettings, add_gateway_arguments, settings_from_args
 from trajbus.gateway.errors import bad_request
+from trajbus.gateway.fleet import GatewayFleet
 from trajbus.gateway.service import GatewayService
 from trajbus.infra import ray_exit
 from trajbus.infra.kafka_config import KafkaConfigError, apply_connection_arguments
@@ -105,10 +106,8 @@ def serve(settings: GatewaySettings, sockets: list[socket.socket] | None = None)
     from trajbus.gateway.app import create_app
 
     if settings.instances > 1:
-        from trajbus.gateway.fleet import GatewayFleet
-
         try:
-            return GatewayFleet(settings).run()
+            return GatewayFleet(settings, serve).run()
         except (ValueError, OSError) as exc:  # a public URL that cannot name instances, a port taken
             print(f"trajbus gateway: {exc}", file=sys.stderr)
             return EXIT_USAGE

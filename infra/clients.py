@@ -11,78 +11,54 @@ A client is built for what it does, never from a settings dict of its own:
 - ``admin``: topics, configs, groups, and the reachability probes.
 
 The defaults are the ones a replicated cluster needs (a broker lost, a leader elected,
-a rolling restart): they live in ``COMMON`` and ``ROLE_DEFAULTS``. A call site adds what
-makes it itself (linger, compression, partitioner, fetch sizes, a group id, its logger) in
-``settings``, which win. The connection (bootstrap list, security) is
-``kafka_config.KafkaConnection``; ``kafka_config.client_config`` puts it first and routes
-librdkafka's log lines through Python logging.
+a rolling restart): they live in ``client_roles.COMMON`` and ``client_roles.ROLE_DEFAULTS``.
+A call site adds what makes it itself (linger, compression, partitioner, fetch sizes, a group
+id, its logger) in ``settings``, which win. The connection (bootstrap list, security) is
+``kafka_config.KafkaConnection``; ``client_config`` puts it first, routes librdkafka's log lines
+through Python logging (``client_roles``) and each client's errors through ``ClientErrors``: refused
+credentials are remembered (``authentication_failure``), connection failures told to the cluster's
+``infra.outage.ClusterOutage``.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import time
-import uuid
-from types import MappingProxyType
 from typing import Any, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 
-from trajbus.infra.kafka_config import KafkaConnection, authentication_failure, client_config
+from trajbus.infra.client_roles import CLIENT_LOGGER, connection_config, reader_settings, role_settings
+from trajbus.infra.kafka_config import KafkaConnection, connection_properties, error_words
+from trajbus.infra.outage import cluster_outage
 
-__all__ = ["COMMON", "ROLE_DEFAULTS", "RefusedCredentials", "acked_producer", "admin", "cluster_metadata", "reader", "role_config", "trainer_consumer",
-           "transactional_producer"]
+__all__ = ["ClientErrors", "RefusedCredentials", "acked_producer", "admin", "authentication_failure", "client_config",
+           "cluster_metadata", "explain", "reader", "role_config", "trainer_consumer", "transactional_producer"]
 
-DELIVERY_TIMEOUT_MS = 120_000
-"""How long a produced record may wait for its acknowledgement, retries included. A leader
-election after a broker's death takes seconds to a few tens of seconds (the controller first
-waits out the dead broker's session); 120 s covers it with room, and still fails a record
-whose cluster stays away, rather than librdkafka's 300 s."""
+_authentication_failure: tuple[str, str] | None = None
+"""(what failed, librdkafka's words): the last refused login or TLS handshake seen by any client."""
+SECURITY_CHECKS = {"authentication": "sasl.username and sasl.password",
+                   "TLS handshake": "ssl.ca.location (the CA that signed the broker's certificate)"}
 
-REQUEST_TIMEOUT_MS = 30_000
-"""One request's wait for its answer (librdkafka's own default, stated): a request to a leader
-that died fails in this time and is retried against the new one."""
 
-METADATA_REFRESH_MS = 30_000
-"""Periodic metadata refresh, down from librdkafka's 5 minutes: a client learns of a moved leader
-or a new partition it has no error to tell it of. After an error (no leader, not the leader,
-unknown partition) librdkafka refreshes at once and then fast until a leader is known; that is
-its default and stays on."""
-
-COMMON: Mapping[str, Any] = MappingProxyType({"topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS})
-"""Every role's defaults."""
-
-_ACKED = {
-    "enable.idempotence": True,  # a retry through an election is written once (producer id + sequence)
-    "acks": "all",  # acknowledged means on every in-sync replica: a leader's death loses nothing acknowledged
-    "delivery.timeout.ms": DELIVERY_TIMEOUT_MS,
-    "request.timeout.ms": REQUEST_TIMEOUT_MS,
-}
-
-ROLE_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    "acked_producer": MappingProxyType(_ACKED),
-    # A transaction must outlive its records' delivery timeout (librdkafka refuses less).
-    "transactional_producer": MappingProxyType({**_ACKED, "transaction.timeout.ms": DELIVERY_TIMEOUT_MS}),
-    "trainer_consumer": MappingProxyType({
-        "enable.auto.commit": False,  # the trainer commits after it used a batch: at-least-once
-        "auto.offset.reset": "earliest",  # a new group starts at the oldest retained record
-        "isolation.level": "read_committed",  # what the worker emitted exactly once, nothing aborted
-    }),
-    "reader": MappingProxyType({
-        "enable.auto.commit": False,  # a reader never moves a group's position
-        "enable.auto.offset.store": False,
-        "isolation.level": "read_committed",
-    }),
-    "admin": MappingProxyType({}),
-})
-"""Each role's defaults, on top of ``COMMON``."""
+def client_config(bootstrap_servers: str | KafkaConnection, settings: Mapping[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    """A confluent-kafka producer, consumer or admin configuration: the connection, then the client's
+    own ``settings`` (which win: they say what the client is for). Its ``logger`` (default
+    ``trajbus.kafka``) is wrapped in ``ClientLog`` and its ``error_cb`` is a ``ClientErrors`` of its
+    cluster: every client's library lines and errors pass here (a probe passes an ``error_cb`` of its own
+    to stay out of the outage it probes)."""
+    connection = KafkaConnection.of(bootstrap_servers)
+    return connection_config(connection, {"error_cb": ClientErrors(connection.bootstrap_servers), **(settings or {})})
 
 
 def role_config(role: str, servers: str | KafkaConnection, settings: Mapping[str, Any] | None = None
                 ) -> dict[str, Any]:
     """The confluent-kafka configuration of ``role``: connection, ``COMMON``, the role's defaults,
     then ``settings`` (the call site's own, which win)."""
-    return client_config(servers, {**COMMON, **ROLE_DEFAULTS[role], **(settings or {})})
+    return client_config(servers, role_settings(role, settings))
 
 
 def acked_producer(servers: str | KafkaConnection, settings: Mapping[str, Any] | None = None) -> Producer:
@@ -105,16 +81,68 @@ def trainer_consumer(servers: str | KafkaConnection, group_id: str,
 
 
 def reader(servers: str | KafkaConnection, settings: Mapping[str, Any] | None = None) -> Consumer:
-    """A consumer for ``assign()`` and offset look-ups that never commits. librdkafka wants a group id
-    even so: a unique one unless ``settings`` names one (a probe of a group's commits names it)."""
-    settings = dict(settings or {})
-    settings.setdefault("group.id", f"trajbus.reader.{uuid.uuid4().hex[:8]}")
-    return Consumer(role_config("reader", servers, settings))
+    """A consumer for ``assign()`` and offset look-ups that never commits (a unique group id unless
+    ``settings`` names one: ``client_roles.reader_settings``)."""
+    return Consumer(client_config(servers, reader_settings(settings)))
 
 
 def admin(servers: str | KafkaConnection, settings: Mapping[str, Any] | None = None) -> AdminClient:
     """An admin client: topics, configs, groups; its ``list_topics`` is the reachability probe."""
     return AdminClient(role_config("admin", servers, settings))
+
+
+class ClientErrors:
+    """librdkafka's error callback of one client: refused credentials or a failed TLS handshake are
+    remembered, so a command can name them; connection failures go to the cluster's ``ClusterOutage``,
+    which tells an outage once (each error itself is a DEBUG record)."""
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        self.outage = cluster_outage(bootstrap_servers)
+
+    def __call__(self, error: Any) -> None:
+        global _authentication_failure
+
+        code = error.code()
+        kind = {KafkaError._AUTHENTICATION: "authentication", KafkaError._SSL: "TLS handshake"}.get(code)
+        if kind is not None and _authentication_failure != (kind, error.str()):
+            _authentication_failure = (kind, error.str())
+            logging.getLogger(__name__).debug("kafka %s failed: %s", kind, error.str())  # callers say it
+        if code == KafkaError._ALL_BROKERS_DOWN:
+            self.outage.all_brokers_down()
+        elif code in (KafkaError._TRANSPORT, KafkaError._RESOLVE) or kind is not None:
+            self.outage.failure(_attempt(error.str()))
+        logging.getLogger(CLIENT_LOGGER).debug("kafka client error: %s", error.str())
+
+
+def _attempt(text: str) -> str:
+    """A failed attempt's words without the broker handle's prefix and timings, for the outage's line:
+    ``127.0.0.1:9/bootstrap: Connect to ipv4#127.0.0.1:9 failed: Connection refused (after 0ms in state
+    CONNECT)`` is ``Connect to ipv4#127.0.0.1:9 failed: Connection refused``."""
+    text = re.sub(r"^\S+/(\d+|bootstrap): ", "", text)
+    return re.sub(r" \(after \d+ms in state \w+\)", "", text).strip()
+
+
+def authentication_failure(bootstrap_servers: str | None = None, timeout: float = 3.0) -> str | None:
+    """Why the broker refused this process's credentials or its TLS handshake failed, if so, in one
+    line naming what to check. With ``bootstrap_servers``, and SASL or TLS configured, a failure not
+    seen yet is looked for with a short-lived client (librdkafka reports it only to a polled client,
+    while the call that failed just says "transport failure")."""
+    if _authentication_failure is None and bootstrap_servers and \
+            connection_properties().get("security.protocol", "PLAINTEXT").upper() != "PLAINTEXT":
+        probe = reader(bootstrap_servers, {"logger": logging.getLogger(__name__ + ".probe"), "log_level": 0})
+        deadline = time.monotonic() + timeout
+        while _authentication_failure is None and time.monotonic() < deadline:
+            probe.poll(0.1)
+        probe.close()
+    if _authentication_failure is None:
+        return None
+    kind, text = _authentication_failure
+    return f"Kafka {kind} failed ({text}); check {SECURITY_CHECKS[kind]}"
+
+
+def explain(exc: BaseException, bootstrap_servers: str | None = None) -> str:
+    """A Kafka failure in one line, naming refused credentials or TLS first (the cause, not its symptom)."""
+    return authentication_failure(bootstrap_servers) or f"Kafka: {error_words(exc)}"
 
 
 class RefusedCredentials(KafkaException):

@@ -149,28 +149,46 @@ class Engine:
 # -- the HTTP app -------------------------------------------------------------------
 
 def create_app(engine: Engine, model_name: str):
+    """The HTTP app: each route is a method of one ``ServedModel`` (the engine and its name)."""
+    served = ServedModel(engine, model_name)
     app = FastAPI(title="trajbus local inference server")
+    app.add_exception_handler(RequestError, _bad_request)
+    app.get("/health")(served.health)
+    app.get("/v1/models")(served.models)
+    app.post("/v1/completions")(served.completions)
+    app.post("/update_weights_from_disk")(served.update_weights_from_disk)
+    app.get("/get_model_info")(served.model_info)
+    app.post("/v1/chat/completions")(served.chat)
+    return app
 
-    def error(status: int, message: str) -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": "BadRequestError", "code": status}}, status)
 
-    @app.exception_handler(RequestError)
-    async def bad_request(_request: Request, exc: RequestError) -> JSONResponse:
-        return error(400, str(exc))
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "BadRequestError", "code": status}}, status)
 
-    @app.get("/health")
-    async def health() -> dict:
+
+async def _bad_request(_request: Request, exc: RequestError) -> JSONResponse:
+    return _error(400, str(exc))
+
+
+class ServedModel:
+    """What the routes serve: the engine (one generation thread), the model's name and its vocabulary."""
+
+    def __init__(self, engine: Engine, model_name: str) -> None:
+        self.engine, self.model_name = engine, model_name
+        self.vocabulary = len(engine.tokenizer)  # computed once: len() of a Hugging Face tokenizer walks its vocabulary
+
+    async def health(self) -> dict:
         return {"status": "ok"}
 
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "trajbus",
-                                            "max_model_len": engine.max_length}]}
+    async def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "trajbus",
+                                            "max_model_len": self.engine.max_length}]}
 
-    async def run_samples(prompt_ids: list[int], params: SamplingParams, n: int,
+    async def run_samples(self, prompt_ids: list[int], params: SamplingParams, n: int,
                           on_token: Callable[[int, int, float, str], None] | None = None,
                           aborted: threading.Event | None = None) -> list[Sample]:
         loop = asyncio.get_running_loop()
+        engine = self.engine
 
         def token(i: int, t: int, lp: float, text: str) -> None:
             if aborted is not None and aborted.is_set():
@@ -185,48 +203,45 @@ def create_app(engine: Engine, model_name: str):
 
         return await loop.run_in_executor(engine.executor, work)
 
-    vocabulary = len(engine.tokenizer)  # computed once: len() of a Hugging Face tokenizer walks its vocabulary
-
-    def prompt_of(body: dict) -> list[int]:
+    def prompt_of(self, body: dict) -> list[int]:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            return engine.tokenizer.encode(prompt, add_special_tokens=False)
+            return self.engine.tokenizer.encode(prompt, add_special_tokens=False)
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
             prompt = prompt[0]
-        if isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < vocabulary for t in prompt):
+        if isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < self.vocabulary for t in prompt):
             return prompt
         raise RequestError("prompt: must be a string or a non-empty list of valid token ids")
 
-    def choice_extras(body: dict, sample: Sample) -> dict:
+    def choice_extras(self, body: dict, sample: Sample) -> dict:
         extras: dict[str, Any] = {}
         if body.get("return_token_ids"):
             extras["token_ids"] = sample.token_ids
         if body.get("logprobs") is not None:
             as_ids = body.get("return_tokens_as_token_ids")
             extras["logprobs"] = {
-                "tokens": [f"token_id:{t}" if as_ids else engine.tokenizer.convert_ids_to_tokens(t)
+                "tokens": [f"token_id:{t}" if as_ids else self.engine.tokenizer.convert_ids_to_tokens(t)
                            for t in sample.token_ids],
                 "token_logprobs": sample.logprobs, "top_logprobs": None, "text_offset": None}
         return extras
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
+    async def completions(self, request: Request):
         body = await _json_body(request)
-        prompt_ids = prompt_of(body)
+        prompt_ids = self.prompt_of(body)
         params, n = sampling_params(body)
         created, rid = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
         if body.get("stream"):
-            return StreamingResponse(_stream_completion(body, prompt_ids, params, n, rid, created),
+            return StreamingResponse(self._stream_completion(body, prompt_ids, params, n, rid, created),
                                      media_type="text/event-stream")
-        samples = await run_samples(prompt_ids, params, n)
+        samples = await self.run_samples(prompt_ids, params, n)
         choices = [{"index": i, "text": s.text, "finish_reason": s.finish_reason, "stop_reason": None,
-                    "logprobs": None, **choice_extras(body, s),
+                    "logprobs": None, **self.choice_extras(body, s),
                     **({"prompt_token_ids": prompt_ids} if body.get("return_token_ids") else {})}
                    for i, s in enumerate(samples)]
-        return {"id": rid, "object": "text_completion", "created": created, "model": model_name,
+        return {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                 "choices": choices, "usage": _usage(prompt_ids, samples)}
 
-    async def _stream_completion(body: dict, prompt_ids: list[int], params: SamplingParams, n: int,
+    async def _stream_completion(self, body: dict, prompt_ids: list[int], params: SamplingParams, n: int,
                                  rid: str, created: int) -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
@@ -235,17 +250,18 @@ def create_app(engine: Engine, model_name: str):
             loop.call_soon_threadsafe(queue.put_nowait, (index, token, logprob, text))
 
         aborted = threading.Event()
-        task = asyncio.ensure_future(run_samples(prompt_ids, params, n, on_token, aborted))
+        task = asyncio.ensure_future(self.run_samples(prompt_ids, params, n, on_token, aborted))
         task.add_done_callback(lambda t: (t.cancelled() or t.exception(),  # retrieved, also when aborted
                                           loop.call_soon_threadsafe(queue.put_nowait, None)))
         try:
-            async for event in _events(body, rid, created, params, n, queue, task):
+            async for event in self._events(body, rid, created, params, n, queue, task):
                 yield event
         finally:  # the client went away (or the stream ended): a generation still running stops
             aborted.set()
 
-    async def _events(body: dict, rid: str, created: int, params: SamplingParams, n: int, queue: asyncio.Queue,
-                      task: asyncio.Future) -> AsyncIterator[str]:
+    async def _events(self, body: dict, rid: str, created: int, params: SamplingParams, n: int,
+                      queue: asyncio.Queue, task: asyncio.Future) -> AsyncIterator[str]:
+        model_name = self.model_name
         sent = [""] * n
         hold = max((len(s) for s in params.stop), default=1) - 1
         pending: dict[int, list[tuple[int, float]]] = {i: [] for i in range(n)}
@@ -272,9 +288,9 @@ def create_app(engine: Engine, model_name: str):
                                   sample.finish_reason))
         yield "data: [DONE]\n\n"
 
-    @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(request: Request) -> dict:
+    async def update_weights_from_disk(self, request: Request) -> dict:
         """Load new weights (a trainer's checkpoint) between two requests; SGLang's endpoint name."""
+        engine = self.engine
         body = await _json_body(request)
         path = body.get("model_path") or str(engine.model_dir)
         if not Path(path, "config.json").is_file():
@@ -283,30 +299,27 @@ def create_app(engine: Engine, model_name: str):
         seconds = await loop.run_in_executor(engine.executor, engine.load_weights, Path(path))
         return {"success": True, "model_path": path, "seconds": round(seconds, 3), "loads": engine.loads}
 
-    @app.get("/get_model_info")
-    async def model_info() -> dict:
+    async def model_info(self) -> dict:
         """Which weights are served: ``loads`` counts the weight loads (1: the weights it started with);
         ``sampled_tokens``: every token sampled so far, delivered or not."""
+        engine = self.engine
         return {"model_path": str(engine.model_dir), "loads": engine.loads, "sampled_tokens": engine.sampled_tokens}
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
+    async def chat(self, request: Request):
         body = await _json_body(request)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError("messages: must be a non-empty list")
-        text = engine.tokenizer.apply_chat_template(messages, tools=body.get("tools"), tokenize=False,
-                                                    add_generation_prompt=True)
-        prompt_ids = engine.tokenizer.encode(text, add_special_tokens=False)
+        text = self.engine.tokenizer.apply_chat_template(messages, tools=body.get("tools"), tokenize=False,
+                                                         add_generation_prompt=True)
+        prompt_ids = self.engine.tokenizer.encode(text, add_special_tokens=False)
         params, n = sampling_params(body)
-        samples = await run_samples(prompt_ids, params, n)
+        samples = await self.run_samples(prompt_ids, params, n)
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": model_name,
+                "model": self.model_name,
                 "choices": [{"index": i, "message": {"role": "assistant", "content": s.text},
                              "finish_reason": s.finish_reason, "logprobs": None} for i, s in enumerate(samples)],
                 "usage": _usage(prompt_ids, samples)}
-
-    return app
 
 
 async def _json_body(request: Request) -> dict:

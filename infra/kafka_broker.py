@@ -11,7 +11,7 @@ set ``TRAJBUS_BOOTSTRAP_SERVERS``) and point trajbus at their own cluster.
 ``secure=True`` (``trajbus broker up --secure``) serves clients on a SASL/PLAIN
 over TLS listener only, as a managed cluster would; the credentials and the CA to
 trust are written to ``client.properties`` in the state directory
-(``TRAJBUS_KAFKA_CONFIG`` takes it).
+(``TRAJBUS_KAFKA_CONFIG`` takes it; ``infra.broker_credentials``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import base64
 import json
 import logging
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -31,6 +30,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
+from trajbus.infra.broker_credentials import client_credentials, client_credentials_file
 from trajbus.infra.local import free_port, pid_alive, port_is_free, reap
 from trajbus.infra.paths import default_state_dir, trajbus_cache_dir
 from trajbus.infra.tls import ensure_tls_files
@@ -162,24 +162,6 @@ class EmbeddedKafka:
     def log_file(self) -> Path:
         return self.state_dir / "broker.log"
 
-    @property
-    def client_properties_file(self) -> Path:
-        return self.state_dir / "client.properties"
-
-    def _client_properties(self) -> dict[str, str]:
-        """The secure broker's client properties (credentials, CA), made once per state directory
-        (readable by its owner)."""
-        from trajbus.infra.kafka_config import read_properties_file
-
-        path = self.client_properties_file
-        tls = ensure_tls_files(self.state_dir, TLS_HOSTS)
-        if not path.exists() or read_properties_file(path).get("security.protocol") != "SASL_SSL":
-            password = secrets.token_urlsafe(18)
-            path.write_text(f"security.protocol=SASL_SSL\nssl.ca.location={tls.ca_certificate}\n"
-                            f"sasl.mechanism=PLAIN\nsasl.username=trajbus\nsasl.password={password}\n")
-            path.chmod(0o600)
-        return read_properties_file(path)
-
     # -- install -------------------------------------------------------------
     def is_installed(self) -> bool:
         return (self.libs_dir / f"kafka_2.13-{self.version}.jar").exists()
@@ -257,7 +239,7 @@ class EmbeddedKafka:
         })
         if self.secure:  # clients: SASL/PLAIN over TLS only; the node talks to itself on a loopback listener
             internal = free_port()
-            credentials = self._client_properties()
+            credentials = client_credentials(self.state_dir, TLS_HOSTS)
             user, password = credentials["sasl.username"], credentials["sasl.password"]
             props.update({
                 "listeners": f"SASL_SSL://{HOST}:{port},INTERNAL://{HOST}:{internal},"
@@ -333,7 +315,7 @@ class EmbeddedKafka:
         state = BrokerState(
             pid=process.pid, host=HOST, port=port, controller_port=controller_port,
             version=self.version, data_dir=str(self.data_dir), log_file=str(self.log_file),
-            client_properties=str(self.client_properties_file) if self.secure else None,
+            client_properties=str(client_credentials_file(self.state_dir)) if self.secure else None,
         )
         self.state_file.write_text(json.dumps(asdict(state)))
         try:
@@ -355,7 +337,7 @@ class EmbeddedKafka:
         from trajbus.infra import clients
         from trajbus.infra.kafka_config import KafkaConnection
 
-        credentials = self._client_properties() if self.secure else {}
+        credentials = client_credentials(self.state_dir, TLS_HOSTS) if self.secure else {}
         # This broker's own connection, not the process's; its start-up errors are not the process's
         # authentication failures, so the shared error callback is left out.
         admin = clients.admin(KafkaConnection(state.bootstrap_servers, credentials), {

@@ -12,7 +12,7 @@ given once, as Kafka users know them, in librdkafka's property names:
   it in the environment, so the services it starts inherit it);
 - code: ``configure({...})``.
 
-``client_config`` turns it into a confluent-kafka producer, consumer or admin
+``clients.client_config`` turns it into a confluent-kafka producer, consumer or admin
 configuration; ``faust_credentials`` into the worker's aiokafka credentials.
 Checked before anything connects (``KafkaConfigError``: the CLI's exit 2), and
 secrets never reach logs, ``/statistics`` or exceptions (``redacted``).
@@ -21,19 +21,14 @@ secrets never reach logs, ``/statistics`` or exceptions (``redacted``).
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import re
 import ssl
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
 import javaproperties
-
-from trajbus.infra.outage import ClusterNotReached, KafkaUnreachable, cluster_outage  # re-exported
 
 CONFIG_FILE_VAR = "TRAJBUS_KAFKA_CONFIG"
 ENV_PREFIX = "TRAJBUS_KAFKA_"
@@ -43,10 +38,6 @@ SECRET_WORDS = ("password", "secret", "jaas", "token", "key.pem", "credentials")
 FILE_PROPERTIES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
 
 _configured: dict[str, str] | None = None
-_authentication_failure: tuple[str, str] | None = None
-"""(what failed, librdkafka's words): the last refused login or TLS handshake seen by any client."""
-SECURITY_CHECKS = {"authentication": "sasl.username and sasl.password",
-                   "TLS handshake": "ssl.ca.location (the CA that signed the broker's certificate)"}
 
 
 class KafkaConfigError(ValueError):
@@ -135,111 +126,6 @@ class KafkaConnection:
 
     def __repr__(self) -> str:
         return f"KafkaConnection({self.bootstrap_servers!r}, {redacted(dict(self.properties))!r})"
-
-
-CLIENT_LOGGER = "trajbus.kafka"
-"""Where librdkafka's lines go when a client names no logger of its own."""
-
-
-class ClientLog:
-    """librdkafka's lines as Python log records of a trajbus logger, so they reach the terminal only
-    through the process's log setup (formatted as ours), never as raw stderr or, at WARNING and above,
-    as Python's bare last-resort lines of a process that set up no logging.
-
-    DEBUG, because they are not news to a person: each connection attempt of an outage and what it
-    failed (``FAIL``, ``Connect to ... failed``, ``N/N brokers are down``, a request's ``Broker transport
-    failure``: the outage itself is told once, by ``infra.outage``), and a retry the client resolves by
-    itself (``Coordinator load in progress: retrying`` while a fresh broker loads its coordinator, a
-    group session lost to an outage and rejoined)."""
-
-    SELF_RESOLVING = re.compile(r"retrying|will retry|Coordinator load in progress|rejoining group", re.I)
-    ATTEMPT_FACILITIES = frozenset({"FAIL", "BROKERFAIL", "REQTMOUT"})
-    ATTEMPT = re.compile(r"Connect to .* failed|Connection refused|Disconnected|brokers are down|"
-                         r"Failed to resolve|Receive failed|Send failed|Timed out \d+ in-flight|"
-                         r"Broker transport failure|All broker connections are down", re.I)
-
-    def __init__(self, logger: logging.Logger) -> None:
-        self.logger = logger
-
-    def log(self, level: int, msg: str, *args: Any) -> None:
-        """confluent-kafka's call: ``log(level, "%s [%s] %s", facility, client name, text)``."""
-        if level > logging.DEBUG:
-            facility, text = (str(args[0]), str(args[-1])) if len(args) == 3 else ("", msg)
-            if facility in self.ATTEMPT_FACILITIES or self.ATTEMPT.search(text) or \
-                    (level < logging.ERROR and self.SELF_RESOLVING.search(text)):
-                level = logging.DEBUG
-        self.logger.log(level, msg, *args)
-
-
-def client_config(bootstrap_servers: "str | KafkaConnection", settings: Mapping[str, Any] | None = None
-                  ) -> dict[str, Any]:
-    """A confluent-kafka producer, consumer or admin configuration: the connection, then the client's
-    own ``settings`` (which win: they say what the client is for). Its ``logger`` (default
-    ``trajbus.kafka``) is wrapped in ``ClientLog`` and its ``error_cb`` is a ``ClientErrors`` of its
-    cluster: every client's library lines and errors pass here (a probe passes an ``error_cb`` of its own
-    to stay out of the outage it probes)."""
-    connection = KafkaConnection.of(bootstrap_servers)
-    config = {**connection.librdkafka(), "error_cb": ClientErrors(connection.bootstrap_servers), **(settings or {})}
-    logger = config.get("logger") or logging.getLogger(CLIENT_LOGGER)
-    config["logger"] = logger if isinstance(logger, ClientLog) else ClientLog(logger)
-    return config
-
-
-class ClientErrors:
-    """librdkafka's error callback of one client: refused credentials or a failed TLS handshake are
-    remembered, so a command can name them; connection failures go to the cluster's ``ClusterOutage``,
-    which tells an outage once (each error itself is a DEBUG record)."""
-
-    def __init__(self, bootstrap_servers: str) -> None:
-        self.outage = cluster_outage(bootstrap_servers)
-
-    def __call__(self, error: Any) -> None:
-        global _authentication_failure
-        from confluent_kafka import KafkaError
-
-        code = error.code()
-        kind = {KafkaError._AUTHENTICATION: "authentication", KafkaError._SSL: "TLS handshake"}.get(code)
-        if kind is not None and _authentication_failure != (kind, error.str()):
-            _authentication_failure = (kind, error.str())
-            logging.getLogger(__name__).debug("kafka %s failed: %s", kind, error.str())  # callers say it
-        if code == KafkaError._ALL_BROKERS_DOWN:
-            self.outage.all_brokers_down()
-        elif code in (KafkaError._TRANSPORT, KafkaError._RESOLVE) or kind is not None:
-            self.outage.failure(_attempt(error.str()))
-        logging.getLogger(CLIENT_LOGGER).debug("kafka client error: %s", error.str())
-
-
-def _attempt(text: str) -> str:
-    """A failed attempt's words without the broker handle's prefix and timings, for the outage's line:
-    ``127.0.0.1:9/bootstrap: Connect to ipv4#127.0.0.1:9 failed: Connection refused (after 0ms in state
-    CONNECT)`` is ``Connect to ipv4#127.0.0.1:9 failed: Connection refused``."""
-    text = re.sub(r"^\S+/(\d+|bootstrap): ", "", text)
-    return re.sub(r" \(after \d+ms in state \w+\)", "", text).strip()
-
-
-def authentication_failure(bootstrap_servers: str | None = None, timeout: float = 3.0) -> str | None:
-    """Why the broker refused this process's credentials or its TLS handshake failed, if so, in one
-    line naming what to check. With ``bootstrap_servers``, and SASL or TLS configured, a failure not
-    seen yet is looked for with a short-lived client (librdkafka reports it only to a polled client,
-    while the call that failed just says "transport failure")."""
-    if _authentication_failure is None and bootstrap_servers and \
-            connection_properties().get("security.protocol", "PLAINTEXT").upper() != "PLAINTEXT":
-        from trajbus.infra.clients import reader
-
-        probe = reader(bootstrap_servers, {"logger": logging.getLogger(__name__ + ".probe"), "log_level": 0})
-        deadline = time.monotonic() + timeout
-        while _authentication_failure is None and time.monotonic() < deadline:
-            probe.poll(0.1)
-        probe.close()
-    if _authentication_failure is None:
-        return None
-    kind, text = _authentication_failure
-    return f"Kafka {kind} failed ({text}); check {SECURITY_CHECKS[kind]}"
-
-
-def explain(exc: BaseException, bootstrap_servers: str | None = None) -> str:
-    """A Kafka failure in one line, naming refused credentials or TLS first (the cause, not its symptom)."""
-    return authentication_failure(bootstrap_servers) or f"Kafka: {error_words(exc)}"
 
 
 def error_words(exc: BaseException) -> str:

@@ -4,7 +4,7 @@ librdkafka reports every reconnect attempt (every 50 ms to 1 s per client, per b
 20 s outage was 80 lines from one producer, and a consumer at a wrong address 194 lines in
 5 s. What a person needs is the state change. ``ClusterOutage`` keeps one cluster's state
 for the whole process (every client built by ``infra.clients`` reports to it through its
-``error_cb``, see ``kafka_config.client_config``): when a client has lost every broker, a
+``error_cb``, see ``clients.client_config``): when a client has lost every broker, a
 probe of its own (one metadata request a second, only while in doubt) confirms it, and the
 outage is logged once at WARNING, naming the bootstrap servers; when the probe is answered
 again, once at INFO with its duration. The attempts themselves are DEBUG records.
@@ -15,10 +15,11 @@ reports to the same ``ClusterOutage``, and past ``limit`` seconds the component 
 (a service exits non-zero with one line, a trainer's fetch raises ``KafkaUnreachable``).
 
 A cluster no client of this process has reached yet is not in an outage: it may be a wrong
-address. ``first_contact`` (a producer's first call, a consumer's first fetch, the CLI's
-commands) waits up to ``CONNECT_TIMEOUT`` for its first answer and otherwise raises
-``ClusterNotReached``, one line naming the address; meanwhile the outage line is held back,
-so that error is the only line.
+address, which ``infra.first_contact`` tells in one line; meanwhile the outage line is held
+back (``ClusterOutage.contacting``), so that error is the only line.
+
+The probes are readers of their own (``client_roles``), not ``clients.reader``: a probe's failed
+attempts are the outage it looks at, so it must not report them to it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Protocol
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException
+
+from trajbus.infra.client_roles import connection_config, reader_settings
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +52,10 @@ OUTAGE_LIMIT = 120.0
 (``--broker-outage-limit``, ``BatchConsumer(outage_limit=)``): a broker's restart or a leader election
 with room, while a cluster that stays away is still told within minutes."""
 
-CONNECT_TIMEOUT = 10.0
-"""How long a first contact waits for a cluster no client of this process has reached: a broker that
-is up answers in milliseconds, one starting has these seconds, a wrong address is told after them."""
-
 
 class KafkaUnreachable(RuntimeError):
     """Kafka did not answer for longer than a client or component waits: its outage limit (it exits for a
-    supervisor), or a first contact's ``CONNECT_TIMEOUT`` (``ClusterNotReached``)."""
-
-
-class ClusterNotReached(KafkaUnreachable):
-    """No broker at the bootstrap address answered a first contact: a wrong address, or a cluster not up."""
+    supervisor), or a first contact's ``CONNECT_TIMEOUT`` (``first_contact.ClusterNotReached``)."""
 
 
 class Probe(Protocol):
@@ -70,16 +65,20 @@ class Probe(Protocol):
     def close(self) -> None: ...
 
 
+def _probe_reader(servers: str, settings: dict[str, Any]) -> Consumer:
+    """A probe's own reader, its ``error_cb`` in ``settings``: its failed attempts are the outage it looks
+    at, so they are not reported to that outage (``clients.reader`` builds every other reader)."""
+    return Consumer(connection_config(servers, reader_settings(settings)))
+
+
 class MetadataProbe:
     """A metadata request on a reader of its own, quiet (its attempts are the outage, already told).
     A fresh reader that loses every broker says so at once (a refused connection): that is an answer
     too, without waiting out the timeout."""
 
     def __init__(self, servers: str) -> None:
-        from trajbus.infra.clients import reader  # clients -> kafka_config -> this module
-
         self._lost = threading.Event()
-        self._reader = reader(servers, {"logger": log, "log_level": 0, "error_cb": self._error,
+        self._reader = _probe_reader(servers, {"logger": log, "log_level": 0, "error_cb": self._error,
                                         "reconnect.backoff.max.ms": int(PROBE_INTERVAL * 1000)})
 
     def _error(self, error: Any) -> None:
@@ -233,31 +232,6 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def first_contact(servers: str, timeout: float = CONNECT_TIMEOUT) -> None:
-    """Return once the cluster at ``servers`` answered a client of this process (at once if one did
-    before); else raise ``ClusterNotReached`` after ``timeout`` seconds, one line naming the address and
-    the last attempt's words. Refused credentials raise ``clients.RefusedCredentials`` at once."""
-    cluster = cluster_outage(servers)
-    if cluster.answered:
-        return
-    from trajbus.infra.clients import RefusedCredentials, admin, cluster_metadata  # clients -> kafka_config -> here
-
-    with cluster.contacting():
-        try:
-            cluster_metadata(admin(servers, {"logger": log}), timeout)
-        except RefusedCredentials:
-            raise
-        except KafkaException as exc:
-            from trajbus.infra.kafka_config import error_words  # kafka_config imports this module
-
-            cluster.not_reached()
-            why = cluster.reason or error_words(exc)
-            raise ClusterNotReached(f"no Kafka broker answers at {servers} within {timeout:g}s ({why}); "
-                                    "is the address right? (--bootstrap-servers, TRAJBUS_BOOTSTRAP_SERVERS)"
-                                    ) from None
-    cluster.reached()
-
-
 class OutageWatch:
     """The one rule of riding through an outage: the cluster is down from the first unanswered probe (or
     from when ``ClusterOutage`` confirmed it), and past ``limit`` seconds the component gives up.
@@ -271,8 +245,6 @@ class OutageWatch:
                  interval: float = 5.0, what: str = "component", setting: str = "--broker-outage-limit",
                  consequence: str | None = "exiting for a supervisor to restart it",
                  reachable: Callable[[float], bool] | None = None) -> None:
-        from trajbus.infra.clients import reader  # clients -> kafka_config -> this module
-
         self.limit, self.what, self.setting, self.consequence = limit, what, setting, consequence
         self.interval = min(interval, max(0.5, limit / 4))
         self.down_since: float | None = None
@@ -280,7 +252,7 @@ class OutageWatch:
         self._cluster = cluster_outage(bootstrap_servers)
         self._probe = None
         if reachable is None:
-            self._probe = reader(bootstrap_servers, {"logger": log, "log_level": 0, "error_cb": _ignore})
+            self._probe = _probe_reader(bootstrap_servers, {"logger": log, "log_level": 0, "error_cb": _ignore})
         self._reachable = reachable or self._answers
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kafka-outage-watch", daemon=True)

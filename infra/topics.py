@@ -290,45 +290,6 @@ def describe_topics(bootstrap_servers: str, names: list[str] | None = None, pref
         probe.close()
 
 
-@dataclass
-class PartitionLag:
-    """Where one consumer group stands on one partition."""
-
-    partition: int
-    low: int
-    high: int
-    committed: int | None
-    """The group's committed offset, or None when it never committed."""
-
-    @property
-    def position(self) -> int:
-        """Where the group resumes: its commit, else the log start (auto.offset.reset=earliest)."""
-        return self.low if self.committed is None else max(self.committed, self.low)
-
-    @property
-    def lag(self) -> int:
-        return max(0, self.high - self.position)
-
-
-def consumer_group_lag(bootstrap_servers: str, group_id: str, topic: str, timeout: float = 10.0) -> list[PartitionLag]:
-    """Per partition of ``topic``: log bounds and ``group_id``'s committed offset.
-
-    Reads the commit with a consumer that never subscribes, so it does not join
-    (or disturb) the group it inspects.
-    """
-    probe = clients.reader(bootstrap_servers, {"group.id": group_id, "logger": log})
-    try:
-        partitions = probe.list_topics(topic, timeout=timeout).topics[topic].partitions
-        committed = probe.committed([TopicPartition(topic, p) for p in sorted(partitions)], timeout=timeout)
-        result = []
-        for tp in committed:
-            low, high = watermarks(probe, TopicPartition(topic, tp.partition), timeout)
-            result.append(PartitionLag(tp.partition, low, high, tp.offset if tp.offset >= 0 else None))
-        return result
-    finally:
-        probe.close()
-
-
 def delete_records_before(bootstrap_servers: str, topic: str, partition: int, offset: int,
                           timeout: float = 30.0) -> int:
     """Advance the log start of one partition to ``offset`` (Kafka's DeleteRecords); returns the new start."""
@@ -346,45 +307,6 @@ def end_offsets_of(bootstrap_servers: str, partitions: list[tuple[str, int]], ti
         return {(topic, p): watermarks(probe, TopicPartition(topic, p), timeout)[1] for topic, p in partitions}
     finally:
         probe.close()
-
-
-@dataclass
-class GroupLag:
-    """One consumer group's committed position on one partition, and how far it trails the log end."""
-
-    group_id: str
-    topic: str
-    partition: int
-    committed: int
-    high: int
-
-    @property
-    def lag(self) -> int:
-        return max(0, self.high - self.committed)
-
-
-def consumer_groups_lag(bootstrap_servers: str, topic_prefix: str, timeout: float = 10.0) -> list[GroupLag]:
-    """Every consumer group with commits on topics starting with ``topic_prefix``, per partition."""
-    from confluent_kafka import ConsumerGroupTopicPartitions
-
-    admin = admin_client(bootstrap_servers)
-    listing = admin.list_consumer_groups(request_timeout=timeout).result(timeout)
-    group_ids = sorted(g.group_id for g in listing.valid)
-    probe = clients.reader(bootstrap_servers, {"group.id": "trajbus.lag-probe", "logger": log})
-    result: list[GroupLag] = []
-    try:
-        for group_id in group_ids:
-            futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id)],
-                                                        request_timeout=timeout)
-            for future in futures.values():
-                for tp in future.result(timeout).topic_partitions or []:
-                    if not tp.topic.startswith(topic_prefix) or tp.offset < 0:
-                        continue
-                    _low, high = watermarks(probe, TopicPartition(tp.topic, tp.partition), timeout)
-                    result.append(GroupLag(group_id, tp.topic, tp.partition, tp.offset, high))
-    finally:
-        probe.close()
-    return sorted(result, key=lambda g: (g.group_id, g.topic, g.partition))
 
 
 def read_partition(consumer: Consumer, topic: str, partition: int, start: int, end: int) -> Iterator[Message]:

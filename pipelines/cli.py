@@ -16,15 +16,17 @@ from confluent_kafka import KafkaException
 
 from trajbus.infra.arguments import positive_float, positive_int
 from trajbus.infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
+from trajbus.infra.clients import authentication_failure, explain
 from trajbus.infra.declared import add_flag, add_flags, resolve, setting_value
+from trajbus.infra.first_contact import CONNECT_TIMEOUT, first_contact
 from trajbus.infra.kafka_broker import BrokerError
-from trajbus.infra.kafka_config import (KafkaConfigError, KafkaUnreachable, add_connection_arguments,
-                                        apply_connection_arguments, authentication_failure, explain)
+from trajbus.infra.kafka_config import KafkaConfigError, add_connection_arguments, apply_connection_arguments
 from trajbus.infra.logs import configure_logging
-from trajbus.infra.outage import CONNECT_TIMEOUT, first_contact
+from trajbus.infra.outage import KafkaUnreachable
 from trajbus.pipelines.tables import print_table
 from trajbus.pipelines.broker_command import BrokerUsageError, add_broker_parser
-from trajbus.infra.topics import ReplicationError, consumer_groups_lag, describe_topics, ensure_topics
+from trajbus.infra.group_lag import consumer_groups_lag
+from trajbus.infra.topics import ReplicationError, describe_topics, ensure_topics
 from trajbus.streams.worker.settings import ENV_PREFIX as WORKER_ENV
 from trajbus.streams.worker.settings import ChannelSettings, WorkerSettings
 from trajbus.streams.wire.topics import (DEFAULT_CHANNELS, TopicSettings, channel_setting, chunks_topic,

@@ -178,15 +178,83 @@ def train(config: DemoConfig, bootstrap_servers: str, prefix: str, policy_dir: P
     return records, rewards_by_rollout_version
 
 
+@dataclass
+class Running:
+    """What the demo started so far: ``stop`` tears it all down whatever stage it reached (Ctrl-C too)."""
+
+    broker: EmbeddedKafka | None = None
+    services: list[ServiceProcess] = field(default_factory=list)
+    rollouts: Rollouts | None = None
+    publisher: PolicyVersionPublisher | None = None
+
+    def stop(self) -> None:
+        """Rollouts stopped on a thread of their own, then services (in reverse), publisher, broker."""
+        if self.rollouts is not None:
+            threading.Thread(target=self.rollouts.stop, daemon=True).start()  # never block teardown on an agent
+        for service in reversed(self.services):
+            service.stop()
+        if self.publisher is not None:
+            self.publisher.close()
+        if self.broker is not None:
+            self.broker.stop()
+        print("torn down: gateway, inference server, worker" + (" and broker" if self.broker else "") + " stopped",
+              flush=True)
+
+
+def start_broker(running: Running, workdir: Path, bootstrap_servers: str | None) -> str:
+    """The given cluster, or a throw-away broker (in ``running`` before it starts, so a failed start is torn
+    down too)."""
+    if bootstrap_servers is None:
+        running.broker = EmbeddedKafka(state_dir=workdir / "broker")
+        say(1, f"starting Apache Kafka {running.broker.version} (KRaft, single node) ...")
+        bootstrap_servers = running.broker.start().bootstrap_servers
+    return bootstrap_servers
+
+
+def prepare_policy(config: DemoConfig, bootstrap_servers: str, prefix: str, workdir: Path, running: Running) -> Path:
+    """The tiny model copied as policy v0, the train channel's topics, and v0 published (the publisher in
+    ``running`` before it publishes, so it is closed on any failure)."""
+    say(2, "tiny chat model: building from the project's files (cached after the first run) ...")
+    policy_dir = workdir / "policy"
+    shutil.copytree(tiny_model.build(), policy_dir)
+    with StepProducer(bootstrap_servers, settings=config.topic_settings(prefix)) as producer:
+        producer.provision("train")
+    running.publisher = PolicyVersionPublisher(bootstrap_servers, prefix=prefix)
+    running.publisher.publish(0)
+    return policy_dir
+
+
+def finish(config: DemoConfig, bootstrap_servers: str, prefix: str, gateway_url: str, rollouts: Rollouts,
+           running: Running, records: list[VersionRecord], rewards_by_rollout_version: dict[int, list[float]],
+           started: float, outcome: DemoOutcome | None) -> None:
+    """Stop ``rollouts`` (waited for, unlike teardown's; then out of ``running``, so teardown does not stop
+    them again), then print the summary and pacing, fill ``outcome`` and write the plot."""
+    say(6, "done: stopping rollouts")
+    admissions = httpx.get(f"{gateway_url}/statistics", timeout=30).json()["admissions"]
+    rollouts.stop()
+    refusals = sum(manager.agent.refusals for manager in rollouts.managers)
+    generated = rollouts.episodes()
+    running.rollouts = None
+    drops = drops_from_stats(summarize(read_snapshots(bootstrap_servers, prefix)), "train")
+    print()
+    print(summary_table(records, rewards_by_rollout_version, drops, time.monotonic() - started))
+    held = sum(n for key, n in admissions.items() if key.endswith("/admitted/waited"))
+    print(f"pacing: {held:.0f} new trajectories held until the trainer caught up, {refusals} refused (429) and "
+          f"retried; {generated} episodes rolled out for {sum(r.rows for r in records)} rows trained on")
+    if outcome is not None:
+        outcome.records, outcome.drops, outcome.refusals, outcome.held = records, drops, refusals, int(held)
+        outcome.episodes, outcome.seconds = generated, time.monotonic() - started
+    plots = write_plot(records, config.report)
+    print("\nplot of reward and throughput per version: " + ", ".join(str(p.resolve()) for p in plots))
+
+
 def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = None,
              outcome: DemoOutcome | None = None) -> int:
+    """The demo's stages in order; whatever was started is torn down on success, error and Ctrl-C alike."""
     config = config or load_demo_config()
     workdir = Path(tempfile.mkdtemp(prefix="trajbus-demo-"))
     log_to_file(workdir / "demo.log")  # the terminal shows the demo's progress, not its libraries
-    broker: EmbeddedKafka | None = None
-    services: list[ServiceProcess] = []
-    rollouts: Rollouts | None = None
-    publisher: PolicyVersionPublisher | None = None
+    running = Running()
     started = time.monotonic()
     interrupted = threading.Event()
 
@@ -196,52 +264,28 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
 
     previous_handler = signal.signal(signal.SIGINT, on_interrupt)
     try:
-        if bootstrap_servers is None:
-            broker = EmbeddedKafka(state_dir=workdir / "broker")
-            say(1, f"starting Apache Kafka {broker.version} (KRaft, single node) ...")
-            bootstrap_servers = broker.start().bootstrap_servers
+        bootstrap_servers = start_broker(running, workdir, bootstrap_servers)
         prefix = f"demo-{uuid.uuid4().hex[:6]}"
         say(1, f"broker at {bootstrap_servers}, topics under prefix {prefix}")
 
-        say(2, "tiny chat model: building from the project's files (cached after the first run) ...")
-        policy_dir = workdir / "policy"
-        shutil.copytree(tiny_model.build(), policy_dir)
+        policy_dir = prepare_policy(config, bootstrap_servers, prefix, workdir, running)
         version = [0]
-        with StepProducer(bootstrap_servers, settings=config.topic_settings(prefix)) as producer:
-            producer.provision("train")
-        publisher = PolicyVersionPublisher(bootstrap_servers, prefix=prefix)
-        publisher.publish(0)
 
         say(3, "starting the stream worker, the inference server and the gateway ...")
-        server_url, gateway_url = start_services(config, bootstrap_servers, prefix, workdir, policy_dir, services)
+        server_url, gateway_url = start_services(config, bootstrap_servers, prefix, workdir, policy_dir,
+                                                 running.services)
         say(3, f"gateway ready at {gateway_url} (logs in {workdir}: demo.log and one per service)")
 
         ledger = PromptLedger(bootstrap_servers, "train", prefix, policy_version=lambda: version[0])
-        rollouts = Rollouts(config, gateway_url, policy_dir, version, ledger)
+        rollouts = running.rollouts = Rollouts(config, gateway_url, policy_dir, version, ledger)
         say(4, f"rolling out: {len(rollouts.managers)} env managers in {len(config.rollout.env_groups)} groups")
         rollouts.start()
 
         say(5, f"training {config.policy_versions} policy versions, {config.trainer.groups_per_step} groups each")
         records, rewards_by_rollout_version = train(config, bootstrap_servers, prefix, policy_dir, server_url,
-                                                    publisher, rollouts, version, gateway_url)
-
-        say(6, "done: stopping rollouts")
-        admissions = httpx.get(f"{gateway_url}/statistics", timeout=30).json()["admissions"]
-        rollouts.stop()
-        refusals = sum(manager.agent.refusals for manager in rollouts.managers)
-        generated = rollouts.episodes()
-        rollouts = None
-        drops = drops_from_stats(summarize(read_snapshots(bootstrap_servers, prefix)), "train")
-        print()
-        print(summary_table(records, rewards_by_rollout_version, drops, time.monotonic() - started))
-        held = sum(n for key, n in admissions.items() if key.endswith("/admitted/waited"))
-        print(f"pacing: {held:.0f} new trajectories held until the trainer caught up, {refusals} refused (429) and "
-              f"retried; {generated} episodes rolled out for {sum(r.rows for r in records)} rows trained on")
-        if outcome is not None:
-            outcome.records, outcome.drops, outcome.refusals, outcome.held = records, drops, refusals, int(held)
-            outcome.episodes, outcome.seconds = generated, time.monotonic() - started
-        plots = write_plot(records, config.report)
-        print("\nplot of reward and throughput per version: " + ", ".join(str(p.resolve()) for p in plots))
+                                                    running.publisher, rollouts, version, gateway_url)
+        finish(config, bootstrap_servers, prefix, gateway_url, rollouts, running, records, rewards_by_rollout_version,
+               started, outcome)
         return 0
     except KeyboardInterrupt:
         print("\ninterrupted: tearing down", flush=True)
@@ -253,13 +297,4 @@ def run_demo(config: DemoConfig | None = None, bootstrap_servers: str | None = N
         raise
     finally:
         signal.signal(signal.SIGINT, previous_handler)
-        if rollouts is not None:
-            threading.Thread(target=rollouts.stop, daemon=True).start()  # never block teardown on an agent
-        for service in reversed(services):
-            service.stop()
-        if publisher is not None:
-            publisher.close()
-        if broker is not None:
-            broker.stop()
-        print("torn down: gateway, inference server, worker" + (" and broker" if broker else "") + " stopped",
-              flush=True)
+        running.stop()

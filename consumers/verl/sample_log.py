@@ -16,7 +16,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from trajbus.infra.clients import DELIVERY_TIMEOUT_MS, acked_producer, reader
+from trajbus.infra.client_roles import DELIVERY_TIMEOUT_MS
+from trajbus.infra.clients import acked_producer, reader
 from trajbus.infra.topics import watermarks
 from trajbus.streams.client.delivery import Acks, Poller, resolve
 

@@ -21,7 +21,7 @@ import logging
 from typing import Any
 
 from trajbus.consumers.batch_consumer import BatchConsumer
-from trajbus.infra.topics import consumer_group_lag
+from trajbus.infra.group_lag import consumer_group_lag
 from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.training_state import TrainingState
 from trajbus.streams.wire.ledger import EMITTED

@@ -12,7 +12,7 @@ costs its distinct tokens, not turns x context.
 
 A call waits only for its own delivery reports (``streams.client.delivery``), a thread's call
 on a lock, a coroutine's (``submit_steps_async``, ``complete_trajectory_async``) on a
-future, holding no thread.
+future, holding no thread; ``streams.client.sender`` encodes, queues and waits for them.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
-from functools import partial
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from confluent_kafka import KafkaException
 
@@ -30,9 +29,10 @@ from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.topics import ensure_topics
 from trajbus.infra.clients import acked_producer
 from trajbus.infra.kafka_config import error_words
-from trajbus.infra.outage import CONNECT_TIMEOUT, KafkaUnreachable, first_contact
-from trajbus.streams.wire import codec
-from trajbus.streams.client.delivery import Acks, DeliveryError, Poller, TopicsUnavailable, resolve
+from trajbus.infra.first_contact import CONNECT_TIMEOUT, first_contact
+from trajbus.infra.outage import KafkaUnreachable
+from trajbus.streams.client.delivery import DeliveryError, Poller, TopicsUnavailable
+from trajbus.streams.client.sender import RecordSender
 from trajbus.streams.wire.prefix import DEFAULT_MEMORY_BYTES, PrefixEncoder
 from trajbus.streams.wire.records import END_STEPS, Step, TrajectoryEnd
 from trajbus.streams.wire.topics import DEFAULT_PREFIX, TopicSettings, steps_topic, validate_channel
@@ -60,6 +60,16 @@ def _as_step(step: Step | Mapping[str, Any], channel: str, n_rollouts: int | Non
         raise ValueError(f"channel: step {step.trajectory_uid}#{step.step_index} says {step.channel!r} "
                          f"but was submitted to {channel!r}")
     return step
+
+
+def trajectory_end(trajectory_uid: str, prompt_uid: str, reward: float | None, channel: str,
+                   n_rollouts: int | None, metadata: dict | None, steps: Iterable[int] | None) -> TrajectoryEnd:
+    """The one place an end record is built and checked, for ``complete_trajectory`` and its async twin."""
+    metadata = dict(metadata or {})
+    if steps is not None:
+        metadata[END_STEPS] = list(steps)
+    return TrajectoryEnd(trajectory_uid=trajectory_uid, prompt_uid=prompt_uid, reward=reward,
+                         channel=validate_channel(channel), n_rollouts=n_rollouts, metadata=metadata).validate()
 
 
 class StepProducer:
@@ -99,7 +109,6 @@ class StepProducer:
         self._reached = False
         self._closed = False
         self._prefixes = PrefixEncoder(prefix_memory_bytes)
-        self._order_lock = threading.Lock()
         self._producer = acked_producer(self.bootstrap_servers, {  # idempotent, acks=all
             "logger": log,  # librdkafka logs as structured Python log lines, not raw stderr
             # Every call waits for its acknowledgement, so lingering only adds latency (measured on
@@ -114,6 +123,7 @@ class StepProducer:
             **config,
         })
         self._poller = Poller(self._producer)
+        self._sender = RecordSender(self._producer, self._poller, self._prefixes)
 
     def is_provisioned(self, channel: str) -> bool:
         """Whether this producer already provisioned the channel's topics (no broker call)."""
@@ -175,72 +185,6 @@ class StepProducer:
             raise ValueError(f"n_rollouts: must be a positive integer, got {n_rollouts!r}")
         return [_as_step(step, channel, n_rollouts, self._prefixes) for step in steps]
 
-    def _publish(self, topic: str, records: list[Step | TrajectoryEnd]) -> int:
-        acks = self._send(topic, records)
-        try:
-            if not acks.wait(self.timeout):
-                raise acks.late(topic, self.timeout)
-            acks.raise_errors(topic)
-        except BaseException:
-            self._forget(records)
-            raise
-        return acks.delivered
-
-    async def _publish_async(self, topic: str, records: list[Step | TrajectoryEnd]) -> int:
-        loop = asyncio.get_running_loop()
-        settled = loop.create_future()
-        acks = self._send(topic, records, partial(loop.call_soon_threadsafe, resolve, settled))
-        try:
-            try:
-                await asyncio.wait_for(settled, self.timeout)
-            except asyncio.TimeoutError:
-                raise acks.late(topic, self.timeout) from None
-            acks.raise_errors(topic)
-        except BaseException:  # DeliveryError, or the caller cancelled before the acknowledgement
-            self._forget(records)
-            raise
-        return acks.delivered
-
-    def _send(self, topic: str, records: list[Step | TrajectoryEnd],
-              on_settled: Callable[[], None] | None = None) -> Acks:
-        """Encode and queue every record; the returned acks settle once the broker answered for each."""
-        acks = Acks(len(records), on_settled)
-        self._poller.track(acks)
-        produced = 0
-        try:
-            with self._order_lock:  # encoded and queued together: a step is queued after the base it names
-                for record in records:
-                    self._produce(topic, record, self._encode(record), acks)
-                    produced += 1
-        except BaseException:
-            acks.expect(produced)
-            self._forget(records)
-            raise
-        return acks
-
-    def _forget(self, records: list[Step | TrajectoryEnd]) -> None:
-        with self._order_lock:  # a step may not have reached the broker: none is a base any more
-            for record in records:
-                self._prefixes.forget(record.trajectory_uid)
-
-    def _encode(self, record: Step | TrajectoryEnd) -> bytes:
-        if isinstance(record, Step):
-            return codec.encode(self._prefixes.delta(record))
-        self._prefixes.forget(record.trajectory_uid)
-        return codec.encode(record)
-
-    def _produce(self, topic: str, record: Step | TrajectoryEnd, payload: bytes, acks: Acks) -> None:
-        while True:
-            try:
-                # The record's timestamp is the event's creation time, so a replay by
-                # time window selects the events created in it, whenever they were sent.
-                self._producer.produce(topic, key=record.prompt_uid.encode(), value=payload,
-                                       headers=codec.headers_for(record), on_delivery=acks,
-                                       timestamp=int(record.created_at * 1000))
-                return
-            except BufferError:  # local queue full: serve delivery reports, then retry
-                self._producer.poll(0.05)
-
     def submit_steps(self, steps: Iterable[Step | Mapping[str, Any]], channel: str = "train",
                      n_rollouts: int | None = None) -> int:
         """Publish steps (``Step`` or dicts); returns how many the broker acknowledged.
@@ -251,7 +195,7 @@ class StepProducer:
         records = self._steps(steps, channel, n_rollouts)
         if not records:
             return 0
-        return self._publish(self._topic(channel), records)
+        return self._sender.publish(self._topic(channel), records, self.timeout)
 
     async def submit_steps_async(self, steps: Iterable[Step | Mapping[str, Any]], channel: str = "train",
                                  n_rollouts: int | None = None) -> int:
@@ -267,48 +211,25 @@ class StepProducer:
         records = self._steps(steps, channel, n_rollouts)
         if not records:
             return 0
-        return await self._publish_async(await self._topic_async(channel), records)
+        return await self._sender.publish_async(await self._topic_async(channel), records, self.timeout)
 
-    def _end(self, trajectory_uid: str, prompt_uid: str, reward: float | None, channel: str,
-             n_rollouts: int | None, metadata: dict | None, steps: Iterable[int] | None) -> TrajectoryEnd:
-        metadata = dict(metadata or {})
-        if steps is not None:
-            metadata[END_STEPS] = list(steps)
-        return TrajectoryEnd(trajectory_uid=trajectory_uid, prompt_uid=prompt_uid, reward=reward,
-                             channel=validate_channel(channel), n_rollouts=n_rollouts,
-                             metadata=metadata).validate()
-
-    def complete_trajectory(
-        self,
-        trajectory_uid: str,
-        prompt_uid: str,
-        reward: float | None = None,
-        channel: str = "train",
-        n_rollouts: int | None = None,
-        metadata: dict | None = None,
-        steps: Iterable[int] | None = None,
-    ) -> None:
+    def complete_trajectory(self, trajectory_uid: str, prompt_uid: str, reward: float | None = None,
+                            channel: str = "train", n_rollouts: int | None = None, metadata: dict | None = None,
+                            steps: Iterable[int] | None = None) -> None:
         """Mark a trajectory complete; ``reward``, when given, lands on its last step.
 
         ``steps``, when given, names the trajectory's step indices exactly (``END_STEPS``): the
         worker waits for those and leaves any other step of the trajectory out.
         """
-        end = self._end(trajectory_uid, prompt_uid, reward, channel, n_rollouts, metadata, steps)
-        self._publish(self._topic(channel), [end])
+        end = trajectory_end(trajectory_uid, prompt_uid, reward, channel, n_rollouts, metadata, steps)
+        self._sender.publish(self._topic(channel), [end], self.timeout)
 
-    async def complete_trajectory_async(
-        self,
-        trajectory_uid: str,
-        prompt_uid: str,
-        reward: float | None = None,
-        channel: str = "train",
-        n_rollouts: int | None = None,
-        metadata: dict | None = None,
-        steps: Iterable[int] | None = None,
-    ) -> None:
+    async def complete_trajectory_async(self, trajectory_uid: str, prompt_uid: str, reward: float | None = None,
+                                        channel: str = "train", n_rollouts: int | None = None,
+                                        metadata: dict | None = None, steps: Iterable[int] | None = None) -> None:
         """``complete_trajectory`` for an event loop, as ``submit_steps_async`` is ``submit_steps``'s."""
-        end = self._end(trajectory_uid, prompt_uid, reward, channel, n_rollouts, metadata, steps)
-        await self._publish_async(await self._topic_async(channel), [end])
+        end = trajectory_end(trajectory_uid, prompt_uid, reward, channel, n_rollouts, metadata, steps)
+        await self._sender.publish_async(await self._topic_async(channel), [end], self.timeout)
 
     def close(self) -> None:
         """Deliver what is queued, then free the client (its threads end here, not at exit).

@@ -37,7 +37,7 @@ from aiokafka.errors import UnknownError, UnsupportedVersionError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import ConsumerT, ProducerT
 
-from trajbus.infra.clients import ROLE_DEFAULTS
+from trajbus.infra.client_roles import ROLE_DEFAULTS
 from trajbus.infra.kafka_config import faust_credentials
 from trajbus.streams.worker.settings import WorkerSettings
 from trajbus.streams.worker.state_store import partition_of

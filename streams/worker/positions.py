@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from trajbus.infra.retry import retrying_async
-from trajbus.infra.topics import consumer_group_lag
+from trajbus.infra.group_lag import consumer_group_lag
 from trajbus.streams.worker.state_store import AssemblyState
 from trajbus.streams.wire.topics import steps_topic
 

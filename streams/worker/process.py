@@ -29,8 +29,8 @@ import faust
 from confluent_kafka import KafkaException
 
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
-from trajbus.infra.kafka_config import KafkaUnreachable, connection_properties, error_words, redacted
-from trajbus.infra.outage import OutageWatch
+from trajbus.infra.kafka_config import connection_properties, error_words, redacted
+from trajbus.infra.outage import KafkaUnreachable, OutageWatch
 from trajbus.infra.retry import retrying
 from trajbus.infra.topics import TopicSpec, ensure_topics, partition_counts
 from trajbus.streams.worker.assembler import build_app, changelog_topic_name

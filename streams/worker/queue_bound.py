@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from trajbus.infra.topics import consumer_group_lag, delete_records_before
+from trajbus.infra.group_lag import consumer_group_lag
+from trajbus.infra.topics import delete_records_before
 from trajbus.streams.worker.settings import WorkerSettings
 from trajbus.streams.worker.stats import WorkerMetrics
 from trajbus.streams.wire.topics import groups_topic, trainer_group_id

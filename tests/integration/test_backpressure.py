@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from trajbus.consumers import BatchConsumer
-from trajbus.infra.topics import consumer_group_lag, describe_topics
+from trajbus.infra.group_lag import consumer_group_lag
+from trajbus.infra.topics import describe_topics
 from trajbus.streams.client.producer import StepProducer
 from trajbus.streams.worker.stats import read_snapshots, summarize
 from trajbus.streams.wire.topics import groups_topic, trainer_group_id

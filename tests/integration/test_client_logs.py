@@ -44,7 +44,7 @@ USER_SCRIPT = textwrap.dedent("""
     import time
 
     from trajbus.consumers import BatchConsumer
-    from trajbus.infra.outage import ClusterNotReached
+    from trajbus.infra.first_contact import ClusterNotReached
     from trajbus.streams.client.producer import StepProducer, TopicsUnavailable
     from trajbus.streams.wire.records import Step
 

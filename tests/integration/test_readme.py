@@ -27,7 +27,7 @@ import pytest
 from pytest_codeblocks import CodeBlock, extract_from_file
 
 from trajbus.infra.bootstrap import ENV_VAR
-from trajbus.infra.topics import consumer_group_lag
+from trajbus.infra.group_lag import consumer_group_lag
 from trajbus.streams.wire.topics import groups_topic, trainer_group_id
 
 ROOT = Path(__file__).resolve().parents[2]

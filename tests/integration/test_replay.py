@@ -10,7 +10,8 @@ import pytest
 from trajbus.consumers import BatchConsumer
 from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.replay import Replay, ReplayError
-from trajbus.infra.topics import consumer_group_lag, delete_records_before
+from trajbus.infra.group_lag import consumer_group_lag
+from trajbus.infra.topics import delete_records_before
 from trajbus.pipelines.synthetic import group_steps
 from trajbus.streams.client.producer import StepProducer
 from trajbus.streams.wire.topics import groups_topic, trainer_group_id

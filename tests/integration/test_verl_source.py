@@ -26,7 +26,7 @@ from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.verl.queue import DurableMessageQueue
 from trajbus.infra.bootstrap import ENV_VAR
 from trajbus.infra.tiny_model import WEATHER_TOOL
-from trajbus.infra.topics import consumer_group_lag
+from trajbus.infra.group_lag import consumer_group_lag
 from trajbus.streams.client.producer import StepProducer
 from trajbus.streams.wire.topics import groups_topic, trainer_group_id
 from tests.helpers import wait_for

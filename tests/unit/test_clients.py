@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from trajbus.infra import clients
-from trajbus.infra.kafka_config import ClientLog, KafkaConnection, configure
+from trajbus.infra.client_roles import ClientLog
+from trajbus.infra.kafka_config import KafkaConnection, configure
 
 SCRAM = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "trainer",
          "sasl.password": "s3cret"}

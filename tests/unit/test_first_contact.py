@@ -17,7 +17,8 @@ import pytest
 from tests.helpers import wait_for
 from tests.unit.test_logs import GatedProbe
 from trajbus.infra import outage
-from trajbus.infra.outage import ClusterNotReached, ClusterOutage, KafkaUnreachable, first_contact
+from trajbus.infra.first_contact import ClusterNotReached, first_contact
+from trajbus.infra.outage import ClusterOutage, KafkaUnreachable
 from trajbus.streams.client.producer import StepProducer, TopicsUnavailable
 from trajbus.streams.wire.records import Step
 

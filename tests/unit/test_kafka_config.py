@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from trajbus.infra.kafka_config import (KafkaConfigError, client_config, configure, faust_credentials, from_environment,
+from trajbus.infra.clients import client_config
+from trajbus.infra.kafka_config import (KafkaConfigError, configure, faust_credentials, from_environment,
                                         read_properties_file, redacted)
 from trajbus.pipelines import cli
 
@@ -96,7 +97,7 @@ def test_the_worker_waits_for_kafka_under_the_one_retry_policy_and_counts_the_wh
     ``KafkaUnreachable``; a replication the cluster cannot hold is not retried."""
     from confluent_kafka import KafkaException
 
-    from trajbus.infra.kafka_config import KafkaUnreachable
+    from trajbus.infra.outage import KafkaUnreachable
     from trajbus.infra.topics import ReplicationError
     from trajbus.streams.worker import process as worker
 

@@ -11,7 +11,8 @@ from confluent_kafka import KafkaError
 from tests.conftest import raw_librdkafka_lines
 from tests.helpers import wait_for
 from trajbus.infra import outage
-from trajbus.infra.kafka_config import ClientErrors, ClientLog
+from trajbus.infra.client_roles import ClientLog
+from trajbus.infra.clients import ClientErrors
 from trajbus.infra.logs import RepeatFilter
 from trajbus.infra.outage import ClusterOutage
 
