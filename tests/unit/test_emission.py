@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
 
-from trajbus.streams.wire import codec
-
-from trajbus.streams.wire import ledger
+from trajbus.streams.wire import chunks, codec, ledger
 from trajbus.streams.worker.direct_reads import SOURCE_OFFSET, SOURCE_PARTITION
-from trajbus.streams.wire.records import ReadyGroup
+from trajbus.streams.wire.records import ChunkedGroup, ReadyGroup
 from tests.unit.worker_fakes import abandon, new_worker, step
 
 
@@ -133,3 +132,37 @@ def test_a_group_over_max_group_bytes_goes_to_the_dlq_by_its_reason_alone():
     assert letter.key == b"big" and letter.value is None and letter.reason.startswith("too_large: group of ")
     assert (letter.topic, letter.partition, letter.offset) == ("p.steps.train", 0, 1)
     assert worker.sends.ledger() == [("big", "dropped", "too_large")]
+
+
+def test_a_group_over_max_message_bytes_is_written_as_chunks_named_by_a_manifest():
+    worker = new_worker()
+    emission = worker.assembler.emission
+    emission.settings = dataclasses.replace(emission.settings, topics=dataclasses.replace(
+        emission.settings.topics, max_message_bytes=chunks.RECORD_OVERHEAD + 64))
+    source = worker.source()
+    for event in [step("g", "a"), step("g", "b")]:
+        worker.deliver(source.append(event))
+    manifest = codec.decode(worker.sends.groups["train"][0].value)
+    pieces = [w.value for w in worker.sends.chunk_records["train"]]
+    assert isinstance(manifest, ChunkedGroup) and manifest.topic == "p.chunks.train"
+    assert len(pieces) > 1 and manifest.offsets == list(range(len(pieces)))
+    assert isinstance(codec.decode(b"".join(pieces)), ReadyGroup)
+    assert worker.sends.ledger() == [("g", "emitted", None)]
+
+
+def test_an_emitted_groups_step_bodies_leave_memory():
+    worker = new_worker()
+    source = worker.source()
+    worker.deliver(source.append(step("g", "a")))
+    assert worker.assembler.bodies.bytes_in_use > 0
+    worker.deliver(source.append(step("g", "b")))
+    assert worker.sends.emitted() == ["g"] and worker.assembler.bodies.bytes_in_use == 0
+
+
+def test_a_redelivered_undecodable_record_goes_to_the_dead_letters_once():
+    worker = new_worker()
+    record = worker.source().append(b"not a record")
+    worker.deliver(record)
+    worker.deliver(record)
+    assert len(worker.sends.dead_letters) == 1
+    assert worker.assembler.metrics.duplicates.labels("train")._value.get() == 1

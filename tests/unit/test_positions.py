@@ -45,7 +45,7 @@ def test_with_no_saved_position_the_group_resume_point_is_asked_through_an_outag
 def test_an_unanswered_resume_point_fails_past_the_deadline_instead_of_guessing() -> None:
     positions = new_positions({}, [RuntimeError("all brokers down")] * 1000, deadline=0.0)
     with pytest.raises(RuntimeError, match=r"resume point of p\.steps\.train\[0\] unknown"):
-        asyncio.run(positions.start_of("train", 0))
+        asyncio.run(asyncio.wait_for(positions.start_of("train", 0), 10))  # a deadline not kept fails, not hangs
     assert positions.known("train", 0) is None
 
 
@@ -112,3 +112,13 @@ def test_an_event_that_fails_half_way_is_applied_again_from_the_saved_position()
     assert assembler.positions.known("train", 3) == 3
     group = assembler.state.group(3, "train", "a")
     assert group is not None and group.trajectories == {"a1": {0: 0, 1: 1, 2: 2}}
+
+
+def test_a_caught_up_partition_is_never_stalled(monkeypatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(positions_module.time, "monotonic", lambda: clock[0])
+    positions = SourcePositions(AssemblyState({}), "unused:9092", "g", "p", 30.0)
+    positions.advance("train", 5, 9)
+    assert not positions.stalled("train", 5, 10)
+    clock[0] += positions_module.STALL_AFTER
+    assert not positions.stalled("train", 5, 10)

@@ -95,3 +95,17 @@ def test_records_never_delivered_are_caught_up_once_the_position_stops_moving(mo
     asyncio.run(worker.assembler.recovery.catch_up())
     assert worker.sends.emitted() == ["g"]
     assert worker.assembler.positions.known("train", 0) == 2
+
+
+def test_a_partition_never_delivered_is_caught_up_from_the_resume_point(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(positions_module.time, "monotonic", lambda: clock[0])
+    worker = new_worker()
+    source = worker.source()
+    source.append(step("g", "a"))
+    source.append(step("g", "b"))  # nothing delivered
+    asyncio.run(worker.assembler.recovery.catch_up())
+    assert worker.sends.emitted() == []
+    clock[0] += positions_module.STALL_AFTER
+    asyncio.run(worker.assembler.recovery.catch_up())
+    assert worker.sends.emitted() == ["g"] and worker.assembler.positions.known("train", 0) == 2

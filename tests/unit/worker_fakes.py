@@ -42,7 +42,7 @@ class FakeSends:
 
     def __init__(self) -> None:
         self.groups: dict[str, list[Written]] = {}
-        self.chunks: dict[str, list[Written]] = {}
+        self.chunk_records: dict[str, list[Written]] = {}
         self.outcomes: dict[str, list[ledger.Outcome]] = {}
         self.dead_letters: list[DeadLetter] = []
         self.fail_groups = 0
@@ -57,7 +57,7 @@ class FakeSends:
         return 0, len(written) - 1
 
     async def chunks(self, channel: str, key: bytes, pieces: Iterable[bytes]) -> list[tuple[int, int]]:
-        written = self.chunks.setdefault(channel, [])
+        written = self.chunk_records.setdefault(channel, [])
         placed = []
         for piece in pieces:
             written.append(Written(key, bytes(piece)))
