@@ -37,6 +37,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log) -> object:
             path = nodeid.split("::", 1)[0]
             return "faults" if path.rsplit("/", 1)[-1] in FAULT_FILES else path
 
+        def _assign_work_unit(self, node: object) -> None:
+            """The fault unit, the longest by far, is handed out first: the other process works through the
+            rest meanwhile, instead of one process running it alone at the end."""
+            if "faults" in self.workqueue:
+                self.workqueue.move_to_end("faults", last=False)
+            super()._assign_work_unit(node)
+
     return FaultsInOneStream(config, log)
 
 
