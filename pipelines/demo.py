@@ -29,7 +29,7 @@ import httpx
 from trajbus.consumers import BatchConsumer
 from trajbus.consumers.backends import VerlBackend
 from trajbus.infra import tiny_model
-from trajbus.infra.kafka_broker import EmbeddedKafka
+from trajbus.infra.kafka_broker import SHORT_LIVED_JVM_OPTIONS, EmbeddedKafka
 from trajbus.infra.logs import log_to_file
 from trajbus.pipelines.agents import BlackBoxAgent, WhiteBoxAgent
 from trajbus.pipelines.demo_config import DemoConfig, load_demo_config
@@ -205,7 +205,7 @@ def start_broker(running: Running, workdir: Path, bootstrap_servers: str | None)
     """The given cluster, or a throw-away broker (in ``running`` before it starts, so a failed start is torn
     down too)."""
     if bootstrap_servers is None:
-        running.broker = EmbeddedKafka(state_dir=workdir / "broker")
+        running.broker = EmbeddedKafka(state_dir=workdir / "broker", jvm_options=SHORT_LIVED_JVM_OPTIONS)
         say(1, f"starting Apache Kafka {running.broker.version} (KRaft, single node) ...")
         bootstrap_servers = running.broker.start().bootstrap_servers
     return bootstrap_servers

@@ -10,15 +10,21 @@ through logging and is not raw; a subprocess's output to its log file is not cap
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Iterator
 
 import pytest
 
+from trajbus.infra.kafka_broker import JVM_OPTIONS_VARIABLE, SHORT_LIVED_JVM_OPTIONS
+
 RAW_LIBRDKAFKA = re.compile(r"rdkafka#|^%\d\|")
 OUR_FORMAT = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ [A-Z]+ \S+ ")
 """``infra.logs.FORMAT``: a line logged through a handler of ours."""
 
+
+os.environ.setdefault(JVM_OPTIONS_VARIABLE, SHORT_LIVED_JVM_OPTIONS)
+"""Every broker the tests start (in this process or a child's) lives minutes at most; a user's default stays."""
 
 FAULT_FILES = frozenset({"test_cluster.py", "test_broker_restart.py", "test_worker_assignment.py",
                          "test_client_logs.py", "test_worker_recovery.py"})
