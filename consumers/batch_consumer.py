@@ -27,16 +27,18 @@ from trajbus.infra.clients import acked_producer, trainer_consumer
 from trajbus.infra.first_contact import CONNECT_TIMEOUT, first_contact
 from trajbus.infra.outage import OUTAGE_LIMIT, KafkaUnreachable
 from trajbus.infra.retry import retrying
+from trajbus.infra.tracing import OFF, configure
 from trajbus.consumers import metrics
 from trajbus.consumers.backends import TrainingBackend
 from trajbus.consumers.contact import ContactWatch
+from trajbus.consumers.fetch_traces import fetch_traces
 from trajbus.consumers.rows import check_group
 from trajbus.streams.wire import codec
 from trajbus.streams.wire.chunks import ChunkReader
 from trajbus.streams.client.dlq import dead_letter
 from trajbus.streams.wire.prefix import StructuredGroup
 from trajbus.streams.wire.records import ReadyGroup, Step
-from trajbus.streams.wire.topics import DEFAULT_PREFIX, groups_topic, trainer_group_id, validate_channel
+from trajbus.streams.wire.topics import DEFAULT_PREFIX, groups_topic, traces_topic, trainer_group_id, validate_channel
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,9 @@ class BatchConsumer:
     fetch (or a rank's construction) waits for the cluster's first answer up to ``connect_timeout``
     (``CONNECT_TIMEOUT``, 10 s, whatever its own timeout), unless a client of this process reached it
     before, and raises ``ClusterNotReached`` (a ``KafkaUnreachable``) naming the address.
+
+    ``tracing`` (``off``, ``kafka``, ``otlp``: the workers' words) traces this process as ``trajbus-trainer``
+    unless it traces already: a span per trajectory fetched and per batch converted (``consumers.fetch_traces``).
     """
 
     def __init__(
@@ -63,12 +68,15 @@ class BatchConsumer:
         rank: int | None = None,
         world_size: int | None = None,
         connect_timeout: float = CONNECT_TIMEOUT,
+        tracing: str = OFF,
         **config: Any,
     ) -> None:
         self.channel = validate_channel(channel)
         self.prefix = prefix
         self.topic = groups_topic(channel, prefix)
         self.bootstrap_servers = resolve_bootstrap_servers(bootstrap_servers)
+        self._tracing = configure("trajbus-trainer", tracing, self.bootstrap_servers, traces_topic(prefix))
+        self._traces = fetch_traces(self.channel)
         self.group_id = group_id or trainer_group_id(channel, prefix)
         # No auto-commit (the role's default): commit() after the trainer used a batch, at-least-once.
         self._consumer = trainer_consumer(self.bootstrap_servers, self.group_id, {
@@ -134,6 +142,7 @@ class BatchConsumer:
             self._watch.heard()
 
     def _next(self, timeout: float | None) -> tuple[StructuredGroup, int, int] | None:
+        asked_ns = time.time_ns() if self._traces is not None else 0
         self._contact()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -159,6 +168,9 @@ class BatchConsumer:
                 metrics.GROUPS.labels(self.channel).inc()
                 metrics.STEPS.labels(self.channel).inc(len(group.entries))
                 metrics.QUEUE_WAIT.labels(self.channel).observe(max(0.0, time.time() - group.ready_at))
+                if self._traces is not None:
+                    self._traces.fetched(group.prompt_uid, dict.fromkeys(e.step.trajectory_uid for e in group.entries),
+                                         message.partition(), message.offset(), message.headers(), asked_ns)
                 return group, message.partition(), message.offset()
             if not self._held:  # a skipped record moves the position only if no group waits before it
                 self._positions[message.partition()] = message.offset() + 1
@@ -179,7 +191,11 @@ class BatchConsumer:
                 return None
             self._held.append(fetched)
         taken, self._held = self._held[:n_groups], self._held[n_groups:]
-        batch = self.backend.convert_groups([group for group, _, _ in taken], current_version)
+        if self._traces is None:
+            batch = self.backend.convert_groups([group for group, _, _ in taken], current_version)
+        else:
+            with self._traces.converting((partition, offset) for _, partition, offset in taken):
+                batch = self.backend.convert_groups([group for group, _, _ in taken], current_version)
         for _, partition, offset in taken:
             self._positions[partition] = offset + 1
         return batch
@@ -316,6 +332,7 @@ class BatchConsumer:
         if self._dlq is not None:
             self._dlq.flush(30)
             self._dlq.close()
+        self._tracing.shutdown()  # this consumer's spans out
 
     def __enter__(self) -> "BatchConsumer":
         return self

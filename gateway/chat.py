@@ -20,6 +20,9 @@ weight update and continued after it, so the agent gets one reply and the step
 its tokens with the versions that sampled them (``policy_version`` is the
 version the call began with). During a pause a new call is held up to
 ``?wait=SECONDS``, else answered 429 (``gateway.updates``).
+
+With tracing on (``--tracing``), the call, its engine request and its publish are spans
+(``gateway.call_spans``), the call's a child of the agent's ``traceparent`` when it sent one.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any, AsyncIterator
 
 from trajbus.gateway import tool_calls
 from trajbus.gateway.backends import BackendError, Completion, NoBackendAvailable
+from trajbus.gateway.call_spans import CallSpans, call_spans
 from trajbus.gateway.conversation import Prompt
 from trajbus.gateway.errors import RETRY_SECONDS, GatewayError, bad_request, unavailable
 from trajbus.gateway.generation import Generation, Sampled
@@ -42,6 +46,7 @@ from trajbus.gateway.responses import SSE_DONE, EventSourceResponse, OrjsonRespo
 from trajbus.gateway.schemas import ChatCompletionRequest
 from trajbus.gateway.service import GatewayService
 from trajbus.gateway.trajectories import Trajectory
+from trajbus.infra import tracing
 from trajbus.streams.wire.records import SEGMENT_START
 
 log = logging.getLogger("trajbus.gateway")
@@ -81,16 +86,19 @@ class ChatCompletions:
         self.kafka, self.lifecycle, self.metrics = service.kafka, service.lifecycle, service.metrics
         self.updates = service.updates
 
-    async def create(self, trajectory: Trajectory, request: ChatCompletionRequest, wait: float = 0.0):
-        call = await self.prepare(trajectory, request, [m.for_template() for m in request.messages], wait)
-        if request.stream:
-            return await call.stream()
-        return await call.complete()
+    async def create(self, trajectory: Trajectory, request: ChatCompletionRequest, wait: float = 0.0,
+                     traceparent: str | None = None):
+        call = await self.prepare(trajectory, request, [m.for_template() for m in request.messages], wait,
+                                  traceparent=traceparent)
+        return await call.answer(bool(request.stream))
 
     async def prepare(self, trajectory: Trajectory, request: ChatCompletionRequest, messages: list[dict[str, Any]],
-                      wait: float = 0.0, kind: type[ChatCall] | None = None) -> ChatCall:
+                      wait: float = 0.0, kind: type[ChatCall] | None = None,
+                      traceparent: str | None = None) -> ChatCall:
         """The call of ``messages`` (the chat template's form), prompt built and engine call set up, not started;
-        ``kind``: the ``ChatCall`` that answers it (another API's answer shape: ``gateway.anthropic_answers``)."""
+        ``kind``: the ``ChatCall`` that answers it (another API's answer shape: ``gateway.anthropic_answers``);
+        ``traceparent``: the agent's W3C trace context header, whose trace the call joins (tracing on)."""
+        started_ns = time.time_ns()
         self.require("tokenizer", "kafka", "backend")
         prompts = self.tokenizer.prompts
         new = prompts.new_messages(messages, trajectory.last_conversation, trajectory.context_ids)
@@ -111,7 +119,9 @@ class ChatCompletions:
         generation = Generation(self.backends, self.updates, self.metrics, prompt.ids, sampling,
                                 self.lifecycle.policy_version(trajectory), trajectory.backend,
                                 self.tokenizer.stop_ids, request.stream or self.settings.engine_streaming == "always")
-        return (kind or ChatCall)(self, trajectory, request, messages, prompt, generation)
+        call = (kind or ChatCall)(self, trajectory, request, messages, prompt, generation)
+        call.spans = call_spans(trajectory, traceparent, started_ns)
+        return call
 
 
 class ChatCall:
@@ -125,6 +135,8 @@ class ChatCall:
         self.created = int(time.time())
         self.model = request.model or parts.settings.served_model_name
         self.started = time.monotonic()
+        self.spans: CallSpans | None = None
+        """The call's spans when tracing is on (``gateway.call_spans``)."""
 
     def _parse(self, completion: Completion) -> tool_calls.ParsedOutput:
         if self.request.tools:
@@ -144,8 +156,14 @@ class ChatCall:
         t, parts = self.trajectory, self.parts
         parts.metrics.engine_latency.observe(time.monotonic() - self.started)
         version = self.generation.began_with  # the version the call began with, its steps' policy_version
-        steps = await parts.lifecycle.publish_call(t, self.prompt, completions, version,
-                                                   self.messages + [self._message(parsed[0])], backend)
+        conversation = self.messages + [self._message(parsed[0])]
+        if self.spans is None:
+            steps = await parts.lifecycle.publish_call(t, self.prompt, completions, version, conversation, backend)
+        else:
+            with self.spans.publishing() as span:  # current only here: the records' traceparent names it
+                steps = await parts.lifecycle.publish_call(t, self.prompt, completions, version, conversation,
+                                                           backend)
+                span.set_attribute(tracing.STEP_INDEX, steps[0].step_index)
         kind = "first" if t.context_step is None else "new_segment" if SEGMENT_START in steps[0].metadata \
             else "continued"
         parts.metrics.prompts.labels(kind).inc()
@@ -157,8 +175,23 @@ class ChatCall:
         return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": generated,
                 "total_tokens": len(self.prompt_ids) + generated}
 
+    async def answer(self, stream: bool) -> Any:
+        """The answer, streamed or whole; the call's span (tracing on) ends with it."""
+        spans = self.spans
+        try:
+            response = await (self.stream() if stream else self.complete())
+        except BaseException as exc:
+            if spans is not None:
+                spans.end(exc)
+            raise
+        if spans is not None and not stream:
+            spans.end()
+        return response
+
     async def generate(self) -> None:
         """The engine call, run to its end; a backend's failure is the agent's 502 or 503."""
+        if self.spans is not None:
+            self.spans.engine_started()
         try:
             await self.generation.start()
             await self.generation.run()
@@ -169,6 +202,8 @@ class ChatCall:
         """The generation's choices checked, parsed and published (acknowledged): what every answer shape ends
         with before its last bytes."""
         completions = self.generation.choices
+        if self.spans is not None:  # the engine's answer is whole
+            self.spans.engine_ended(self.generation.backend, sum(len(c.token_ids) for c in completions))
         for completion in completions:
             check_logprobs(completion)
         parsed = [self._parse(c) for c in completions]
@@ -191,11 +226,22 @@ class ChatCall:
         return sse_event(payload)
 
     async def stream(self) -> EventSourceResponse:
+        if self.spans is not None:
+            self.spans.engine_started()
         try:  # connect before answering: a refused connection is retried, an unavailable pool is a 503
             await self.generation.start()
         except (NoBackendAvailable, BackendError) as exc:
             raise backend_failure(exc) from None
-        return EventSourceResponse(self._events())
+        return EventSourceResponse(self._events() if self.spans is None else self._traced(self._events()))
+
+    async def _traced(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """The streamed answer; the call's spans end with it (sent, failed, or cut by the client)."""
+        try:
+            async with contextlib.aclosing(events) as inner:
+                async for chunk in inner:
+                    yield chunk
+        finally:
+            self.spans.end()
 
     async def _events(self) -> AsyncIterator[bytes]:
         completions = self.generation.choices

@@ -23,7 +23,7 @@ from trajbus.infra.arguments import non_negative_float, positive_float, positive
 from trajbus.infra.declared import add_flags, missing_flags, resolve, setting
 from trajbus.infra.kafka_config import add_connection_arguments
 from trajbus.infra.paths import trajbus_cache_dir
-from trajbus.infra.shared_settings import outage_limit_setting
+from trajbus.infra.shared_settings import outage_limit_setting, tracing_setting
 from trajbus.streams.wire.topics import DEFAULT_PREFIX, channel_setting, validate_channel
 
 DEFAULT_PORT = 8100
@@ -140,6 +140,7 @@ class GatewaySettings:
         help="seconds the broker has to acknowledge a call's steps (and to check a channel's topics at its first "
              "call) before a 503")
     broker_outage_limit: float = outage_limit_setting("gateway", "calls are answered 503 meanwhile")
+    tracing: str = tracing_setting("gateway")
     engine_streaming: str = setting(
         "always", choices=ENGINE_STREAMING,
         help="'always': every call streams from the engine, so a weight update (POST /admin/pause) can cut it and "

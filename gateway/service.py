@@ -31,6 +31,8 @@ from trajbus.gateway.sweeper import StateSweeper
 from trajbus.gateway.tokenizer import ChatTokenizer
 from trajbus.gateway.trajectories import TrajectoryStore
 from trajbus.gateway.updates import UpdateGate
+from trajbus.infra import tracing
+from trajbus.streams.wire.topics import traces_topic
 
 log = logging.getLogger("trajbus.gateway")
 
@@ -63,6 +65,8 @@ class GatewayService:
         self.started_at = time.time()
         self.draining_since: float | None = None
         """When SIGTERM began the drain (``time.monotonic()``); None while serving (see ``drain``)."""
+        self.tracing: tracing.Tracing | None = None
+        """This process's tracing (``--tracing``), configured once Kafka's address is known."""
 
     async def start(self) -> None:
         self.pacing.start(self.store.unfinished())  # admitted before a restart
@@ -74,6 +78,9 @@ class GatewayService:
                  self.settings.base_address, ",".join(self.settings.vllm_addresses), self.store.path)
 
     def _kafka_connected(self, servers: str) -> None:
+        if self.tracing is None:  # before the first call can be served
+            self.tracing = tracing.configure("trajbus-gateway", self.settings.tracing, servers,
+                                             traces_topic(self.settings.prefix))
         self.served.watch(servers)
         self.pacing.watch(servers)
 
@@ -89,6 +96,8 @@ class GatewayService:
         await self.backends.close()
         await asyncio.to_thread(self.kafka.close)
         await asyncio.to_thread(self.served.close)
+        if self.tracing is not None:  # the last calls' spans out
+            await asyncio.to_thread(self.tracing.shutdown)
         self.store.close()
         log.info("gateway stopped: producer flushed, trajectory state closed")
 

@@ -25,6 +25,7 @@ from trajbus.infra.logs import configure_logging
 from trajbus.infra.outage import KafkaUnreachable
 from trajbus.pipelines.tables import print_table
 from trajbus.pipelines.broker_command import BrokerUsageError, add_broker_parser
+from trajbus.pipelines.reading_commands import UsageError, add_reading_parsers
 from trajbus.infra.group_lag import consumer_groups_lag
 from trajbus.infra.topics import ReplicationError, describe_topics, ensure_topics
 from trajbus.streams.worker.settings import ENV_PREFIX as WORKER_ENV
@@ -35,8 +36,6 @@ from trajbus.streams.wire.topics import (DEFAULT_CHANNELS, TopicSettings, channe
 EXIT_USAGE = 2
 
 
-class UsageError(Exception):
-    """Input the user must fix; printed as one line, exit code 2."""
 
 
 def _channels(text: str) -> tuple[str, ...]:
@@ -191,60 +190,6 @@ def cmd_inference_server(args: argparse.Namespace) -> int:
     return serve(settings)
 
 
-# -- tail -----------------------------------------------------------------------
-
-def cmd_tail(args: argparse.Namespace) -> int:
-    from trajbus.consumers.tail import UnknownTopic, tail
-
-    try:
-        tail(resolve_bootstrap_servers(args.bootstrap_servers), args.topic, from_beginning=args.from_beginning,
-             max_records=args.max, as_json=args.json)
-    except UnknownTopic as exc:
-        raise UsageError(str(exc)) from None
-    return 0
-
-
-# -- replay ---------------------------------------------------------------------
-
-def _versions(text: str) -> set[int]:
-    try:
-        return {int(v) for v in text.split(",") if v.strip()}
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def cmd_replay(args: argparse.Namespace) -> int:
-    from trajbus.consumers.replay import Replay, ReplayError, parse_time
-
-    try:
-        replay = Replay(args.channel, args.bootstrap_servers, prefix=args.prefix, source=args.source,
-                        start_time=parse_time(args.start) if args.start else None,
-                        end_time=parse_time(args.end) if args.end else None,
-                        start_offset=args.start_offset, end_offset=args.end_offset,
-                        policy_versions=args.policy_versions, max_groups_per_s=args.max_groups_per_s,
-                        progress=True)
-        if args.source == "steps" and not args.into:
-            raise ReplayError("into: replay from the steps topic re-assembles groups; name a channel with --into")
-    except ReplayError as exc:
-        raise UsageError(str(exc)) from None
-    with replay:
-        if args.into:
-            try:
-                count = replay.into_channel(args.into, n_rollouts=args.n_rollouts)
-            except ReplayError as exc:
-                raise UsageError(str(exc)) from None
-            print(f"replayed {count} records of {replay.topic} into channel {args.into!r}")
-            return 0
-        count = 0
-        for group in replay.groups():
-            versions = sorted({s.policy_version for s in group.steps})
-            print(f"{group.prompt_uid}  trajectories={len(group.trajectory_uids)} steps={len(group.steps)} "
-                  f"versions={versions} status={group.status}")
-            count += 1
-        print(f"{count} groups in the window")
-    return 0
-
-
 # -- demo -----------------------------------------------------------------------
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -329,29 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(serve_model, InferenceServerSettings, INFERENCE_ENV)
     serve_model.set_defaults(func=cmd_inference_server)
 
-    tail = sub.add_parser("tail", help="print a topic's records live, readable (or --json)")
-    tail.add_argument("topic", help="a full topic name, e.g. trajbus.steps.train")
-    add_connection_arguments(tail)
-    tail.add_argument("--from-beginning", action="store_true", help="start at the oldest retained record")
-    tail.add_argument("--max", type=positive_int, help="stop after this many records")
-    tail.add_argument("--json", action="store_true", help="one JSON object per record")
-    tail.set_defaults(func=cmd_tail)
-
-    replay = sub.add_parser("replay", help="replay a channel's history (a window, some policy versions)")
-    add_connection_arguments(replay)
-    _add_prefix(replay)
-    replay.add_argument("--channel", required=True, help="the channel whose history is replayed")
-    replay.add_argument("--source", choices=["groups", "steps"], default="groups",
-                        help="groups: a straight read; steps: re-assembled by a worker on --into's settings")
-    replay.add_argument("--from", dest="start", help="window start: unix seconds or ISO 8601 (UTC if no zone)")
-    replay.add_argument("--to", dest="end", help="window end (exclusive)")
-    replay.add_argument("--from-offset", dest="start_offset", type=int, help="window start offset (1 partition)")
-    replay.add_argument("--to-offset", dest="end_offset", type=int, help="window end offset, exclusive")
-    replay.add_argument("--policy-versions", type=_versions, help="only groups of these versions, e.g. 2,3")
-    replay.add_argument("--into", help="re-emit into this channel (else: list the groups)")
-    replay.add_argument("--n-rollouts", type=positive_int, help="with --source steps: the group size to register")
-    replay.add_argument("--max-groups-per-s", type=float, help="rate limit")
-    replay.set_defaults(func=cmd_replay)
+    add_reading_parsers(sub, _add_prefix)
 
     demo = sub.add_parser("demo", help="the whole system end to end: agents, gateway, worker, a GRPO trainer")
     add_connection_arguments(demo, "use this cluster instead of a throw-away embedded broker")

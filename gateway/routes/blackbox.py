@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
 from trajbus.gateway.chat import ChatCompletions
 from trajbus.gateway.routes.whitebox import PAUSED, WAIT
 from trajbus.gateway.schemas import (ChatCompletionRequest, CompleteTrajectoryRequest, InitTrajectoryRequest,
                                      RegisterTrajectoryRequest)
 from trajbus.gateway.service import GatewayService
+from trajbus.infra.tracing import TRACEPARENT
 
 BASE = "/{trajectory_uid}/{prompt_uid:path}/v1"
 
@@ -48,11 +49,11 @@ def blackbox_router(service: GatewayService, admin: list) -> APIRouter:
                 "policy_version": trajectory.policy_version, "next_step": trajectory.next_step}
 
     @router.post(BASE + "/chat/completions")
-    async def chat_completions(trajectory_uid: str, prompt_uid: str, body: ChatCompletionRequest,
+    async def chat_completions(trajectory_uid: str, prompt_uid: str, body: ChatCompletionRequest, request: Request,
                                wait: float = Query(0.0, ge=0, le=settings.max_admission_wait, description=PAUSED)):
         trajectory = lifecycle.get(trajectory_uid, prompt_uid)
         pacing.touch(trajectory_uid)
-        return await chat.create(trajectory, body, wait)
+        return await chat.create(trajectory, body, wait, request.headers.get(TRACEPARENT))
 
     @router.get(BASE + "/models")
     async def models(trajectory_uid: str, prompt_uid: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from trajbus.gateway.errors import GatewayError, from_validation_error
 from trajbus.gateway.routes.blackbox import BASE
 from trajbus.gateway.routes.whitebox import PAUSED
 from trajbus.gateway.service import GatewayService
+from trajbus.infra.tracing import TRACEPARENT
 
 log = logging.getLogger("trajbus.gateway")
 
@@ -66,12 +67,13 @@ def messages_router(service: GatewayService) -> APIRouter:
     chat = ChatCompletions(service)
 
     @router.post(MESSAGES, summary="Anthropic's Messages API (tool use, streaming) on a trajectory")
-    async def messages(trajectory_uid: str, prompt_uid: str, body: MessagesRequest,
+    async def messages(trajectory_uid: str, prompt_uid: str, body: MessagesRequest, request: Request,
                        wait: float = Query(0.0, ge=0, le=service.settings.max_admission_wait, description=PAUSED)):
         trajectory = lifecycle.get(trajectory_uid, prompt_uid)
         pacing.touch(trajectory_uid)
         messages = conversation(body)
-        call = await chat.prepare(trajectory, engine_request(body, messages), messages, wait, MessagesCall)
-        return await (call.stream() if body.stream else call.complete())
+        call = await chat.prepare(trajectory, engine_request(body, messages), messages, wait, MessagesCall,
+                                  traceparent=request.headers.get(TRACEPARENT))
+        return await call.answer(bool(body.stream))
 
     return router

@@ -4,7 +4,8 @@
 and queueing happen under one lock, so a step written as a reference to an earlier step of its
 trajectory (``streams.wire.prefix``) is always queued after that base. A call that is not
 acknowledged, or is cancelled, forgets its trajectories' bases: the broker may not have them,
-so their next steps are written whole.
+so their next steps are written whole. With tracing on, each record carries the current span's
+W3C ``traceparent`` header (``infra.tracing``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 from functools import partial
 from typing import Any, Callable
 
+from trajbus.infra import tracing
 from trajbus.streams.client.delivery import Acks, Poller, resolve
 from trajbus.streams.wire import codec
 from trajbus.streams.wire.prefix import PrefixEncoder
@@ -88,12 +90,15 @@ class RecordSender:
         return codec.encode(record)
 
     def _produce(self, topic: str, record: Record, payload: bytes, acks: Acks) -> None:
+        headers = codec.headers_for(record)
+        if tracing.enabled():  # the current span (the gateway's publish) goes with the record
+            tracing.inject_headers(headers)
         while True:
             try:
                 # The record's timestamp is the event's creation time, so a replay by
                 # time window selects the events created in it, whenever they were sent.
                 self._client.produce(topic, key=record.prompt_uid.encode(), value=payload,
-                                     headers=codec.headers_for(record), on_delivery=acks,
+                                     headers=headers, on_delivery=acks,
                                      timestamp=int(record.created_at * 1000))
                 return
             except BufferError:  # local queue full: serve delivery reports, then retry

@@ -7,6 +7,7 @@
 ``{prefix}.policy``           the trainer's policy version (compacted)
 ``{prefix}.dlq``              records that could not be processed, with the reason
 ``{prefix}.stats``            statistics snapshots of the stream workers (compacted)
+``{prefix}.traces``           spans of the components that trace (``--tracing kafka``, read by ``trajbus trace``)
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ def stats_topic(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}.stats"
 
 
+def traces_topic(prefix: str = DEFAULT_PREFIX) -> str:
+    """Finished spans of every component that traces to Kafka (``infra.tracing``), keyed by trajectory."""
+    return f"{prefix}.traces"
+
+
 def trainer_group_id(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The consumer group trainers read a channel's groups in; its lag is the queue depth."""
     return f"{prefix}.trainer.{validate_channel(channel)}"
@@ -129,6 +135,7 @@ class TopicSettings:
     groups_segment_ms: int = 60 * 1000
     groups_segment_bytes: int = 64 * _MiB
     dlq_retention_ms: int = 7 * 24 * _HOUR_MS
+    traces_retention_ms: int = 7 * 24 * _HOUR_MS
 
     def __post_init__(self) -> None:
         validate_prefix(self.prefix)
@@ -182,6 +189,8 @@ class TopicSettings:
                 "retention.ms": str(self.dlq_retention_ms),
             }),
             self.spec(stats_topic(self.prefix), 1, {"cleanup.policy": "compact"}),
+            self.spec(traces_topic(self.prefix), 1, {"cleanup.policy": "delete",
+                                                     "retention.ms": str(self.traces_retention_ms)}),
         ]
 
     def specs(self, channels: tuple[str, ...] | list[str] = DEFAULT_CHANNELS) -> list[TopicSpec]:

@@ -61,6 +61,7 @@ from trajbus.streams.worker.queue_bound import QueueBound
 from trajbus.streams.wire.records import Step, TrajectoryEnd
 from trajbus.streams.worker.recovery import PartitionRecovery, Recovery
 from trajbus.streams.worker.table_recovery_watch import watch_recovery
+from trajbus.streams.worker.traces import step_traces
 from trajbus.streams.worker.settings import WorkerSettings
 from trajbus.streams.worker.settlement import Settlement
 from trajbus.streams.worker.state_store import AssemblyState
@@ -98,8 +99,9 @@ class GroupAssembler:
                                          settings.broker_outage_limit)
         settlement = Settlement(self.state, sends, self.bodies)
         filters = {c: settings.channel(c).load_group_filter() for c in settings.channels}
+        self.traces = step_traces()  # None unless tracing is on (``streams.worker.traces``)
         self.emission: Emission = GroupEmission(settings, metrics, self.state, self.bodies, sends, settlement,
-                                                filters, self.current_version)
+                                                filters, self.current_version, self.traces)
         self.recovery: Recovery = PartitionRecovery(settings, metrics, self.state, self.positions, settlement, reads,
                                                     self.apply_at, self.lock, active_partitions)
         self.queue_bound = QueueBound(bootstrap_servers, settings, metrics)
@@ -181,7 +183,11 @@ class GroupAssembler:
                               f"channel_mismatch: record says {event.channel!r}, topic is {channel!r}")
             return
         self.metrics.events.labels(channel, "trajectory_end" if isinstance(event, TrajectoryEnd) else "step").inc()
-        await self.apply(partition, channel, record, message)
+        if self.traces is None:
+            await self.apply(partition, channel, record, message)
+            return
+        with self.traces.applying(channel, partition, message, event):
+            await self.apply(partition, channel, record, message)
 
     async def apply(self, partition: int, channel: str, record: Step | StepDelta | TrajectoryEnd,
                     message: Any) -> None:

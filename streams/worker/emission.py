@@ -34,6 +34,7 @@ from trajbus.streams.wire import codec
 from trajbus.streams.wire import ledger
 from trajbus.streams.worker.assembly import PendingGroup
 from trajbus.streams.worker.bodies import StepBodies
+from trajbus.infra.tracing import GROUP_TRACEPARENTS
 from trajbus.streams.worker.direct_reads import SOURCE_OFFSET, SOURCE_PARTITION
 from trajbus.streams.client.dlq import DeadLetter
 from trajbus.streams.worker.filters import judge
@@ -44,6 +45,7 @@ from trajbus.streams.worker.settings import WorkerSettings
 from trajbus.streams.worker.settlement import Settlement
 from trajbus.streams.worker.state_store import AssemblyState
 from trajbus.streams.worker.stats import WorkerMetrics
+from trajbus.streams.worker.traces import StepTraces
 from trajbus.streams.wire.topics import steps_topic
 
 log = logging.getLogger("trajbus.worker")
@@ -69,11 +71,12 @@ class GroupEmission:
 
     def __init__(self, settings: WorkerSettings, metrics: WorkerMetrics, state: AssemblyState, bodies: StepBodies,
                  sends: Sends, settlement: Settlement, filters: dict[str, Callable | None],
-                 current_version: Callable[[str], int | None]) -> None:
+                 current_version: Callable[[str], int | None], traces: StepTraces | None = None) -> None:
         """``filters``: each channel's user group filter (None: none); ``current_version(channel)``: the
-        policy version on the policy topic (None: none seen)."""
+        policy version on the policy topic (None: none seen); ``traces``: the emit spans (tracing on)."""
         self.settings, self.metrics, self.state, self.bodies = settings, metrics, state, bodies
         self.sends, self.settlement, self.filters, self.current_version = sends, settlement, filters, current_version
+        self.traces = traces
 
     async def finish(self, partition: int, group: PendingGroup, status: str) -> None:
         """Filter, emit (acknowledged), then record the outcome; the pending state goes."""
@@ -164,6 +167,9 @@ class GroupEmission:
         headers = codec.headers_for(manifest or ready) + [
             (SOURCE_PARTITION, str(partition).encode()), (SOURCE_OFFSET, str(group.last_offset).encode()),
         ]
+        if self.traces is not None:  # each trajectory's emit span, for the trainer's fetch
+            headers.append((GROUP_TRACEPARENTS, self.traces.start_emit(group.channel, ready.prompt_uid,
+                                                                       ready.trajectory_uids)))
         placed = await self.sends.group(group.channel, ready.prompt_uid.encode(), value, headers,
                                         ready.ready_at)  # acknowledged before the table says "emitted"
         self.metrics.groups.labels(group.channel, "emitted").inc()
@@ -175,6 +181,8 @@ class GroupEmission:
     async def settle(self, partition: int, group: PendingGroup, outcome: str, placed: Placed | None = None) -> None:
         await self.settlement.settle(partition, group.channel, group.prompt_uid, group.last_offset, outcome, placed,
                                      group)
+        if self.traces is not None:
+            self.traces.end_emit(group.channel, group.prompt_uid, group.trajectories, outcome, placed)
 
     async def abandon(self, partition: int, channel: str, end: TrajectoryEnd, offset: int) -> None:
         """A data source gave the group up (``ledger.ABANDON``): dropped unless it already has an outcome,

@@ -28,6 +28,7 @@ from typing import Callable
 import faust
 from confluent_kafka import KafkaException
 
+from trajbus.infra import tracing
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.kafka_config import connection_properties, error_words, redacted
 from trajbus.infra.outage import KafkaUnreachable, OutageWatch
@@ -35,7 +36,7 @@ from trajbus.infra.retry import retrying
 from trajbus.infra.topics import TopicSpec, ensure_topics, partition_counts
 from trajbus.streams.worker.assembler import build_app, changelog_topic_name
 from trajbus.streams.worker.settings import WorkerSettings
-from trajbus.streams.wire.topics import steps_topic
+from trajbus.streams.wire.topics import steps_topic, traces_topic
 from trajbus.streams.worker.logs import logging_config, lost_kafka
 
 log = logging.getLogger("trajbus.worker")
@@ -121,6 +122,7 @@ def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None) -
     connection = redacted(connection_properties())
     log.info("worker starting: Kafka at %s%s (waits up to %gs for it when unreachable: --broker-outage-limit)",
              servers, f" ({connection})" if connection else "", outage_limit)
+    traced = tracing.configure("trajbus-worker", settings.tracing, servers, traces_topic(settings.topics.prefix))
     with tempfile.TemporaryDirectory(prefix=f"trajbus-{settings.app_id}-") as datadir:
         app, assembler = build_app(servers, settings, Path(datadir))
         changelog = changelog_topic_name(app)
@@ -144,6 +146,7 @@ def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None) -
         finally:
             outage.stop()
             assembler.stop()
+            traced.shutdown()  # the last spans out (also before a restart)
     os.environ[OUTAGE_SINCE] = str(time.time())
     logging.shutdown()
     os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])

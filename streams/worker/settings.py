@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from trajbus.infra.arguments import positive_float, positive_int
 from trajbus.infra.declared import setting
-from trajbus.infra.shared_settings import outage_limit_setting
+from trajbus.infra.shared_settings import outage_limit_setting, tracing_setting
 from trajbus.streams.wire.topics import DEFAULT_CHANNELS, TopicSettings, validate_channel
 
 STALE_ACTIONS = ("drop", "tag")
@@ -113,6 +113,7 @@ class WorkerSettings:
         help="bytes of pending groups' steps kept in memory as they arrive; past it the oldest are read back "
              "from the steps topic when their group is emitted")
     broker_outage_limit: float = outage_limit_setting("worker")
+    tracing: str = tracing_setting("worker")
     unassigned_timeout: float = setting(
         30.0, parse=positive_float,
         help="seconds a topic the worker reads may stay out of its group's assignment (an assignment made "

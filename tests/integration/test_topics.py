@@ -15,7 +15,7 @@ def test_provisioning_is_idempotent_and_applies_settings(bootstrap_servers: str,
     assert ensure_topics(bootstrap_servers, specs) == []
 
     infos = {i.name: i for i in describe_topics(bootstrap_servers, prefix=f"{prefix}.")}
-    assert set(infos) == {f"{prefix}.dlq", f"{prefix}.policy", f"{prefix}.stats",
+    assert set(infos) == {f"{prefix}.dlq", f"{prefix}.policy", f"{prefix}.stats", f"{prefix}.traces",
                           *(f"{prefix}.{k}.{c}" for k in ("steps", "groups", "chunks", "prompts")
                            for c in ("train", "val"))}
     assert infos[steps_topic("train", prefix)].partitions == 4
@@ -49,7 +49,8 @@ def test_topics_cli_lists_partitions_offsets_and_configs(bootstrap_servers: str,
                      "--channels", "train")
     assert result.returncode == 0, result.stderr
     lines = {line.split()[0]: line for line in result.stdout.splitlines()[3:]}  # after the header and its rule
-    assert set(lines) == {f"{prefix}.dlq", f"{prefix}.policy", f"{prefix}.stats", f"{prefix}.steps.train",
+    assert set(lines) == {f"{prefix}.dlq", f"{prefix}.policy", f"{prefix}.stats", f"{prefix}.traces",
+                          f"{prefix}.steps.train",
                           f"{prefix}.groups.train", f"{prefix}.chunks.train", f"{prefix}.prompts.train"}
     assert lines[f"{prefix}.steps.train"].split()[1] == "8"
     assert "0,0,0,0,0,0,0,0" in lines[f"{prefix}.steps.train"]
