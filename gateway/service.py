@@ -45,7 +45,8 @@ class GatewayService:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.metrics = GatewayMetrics(settings.instance, settings.base_address)
-        self.tokenizer = ChatTokenizer(settings.tokenizer_path, settings.multi_turn)
+        self.tokenizer = ChatTokenizer(settings.tokenizer_path, settings.multi_turn,
+                                       without_torch=settings.reward_function is None)  # its code may need torch
         self.backends = BackendPool(settings.vllm_addresses, settings.backend_timeout, settings.health_interval,
                                     read_interval=settings.engine_read_interval)
         self.store = TrajectoryStore(settings.state_dir)

@@ -12,6 +12,7 @@ import threading
 import time
 
 from trajbus.gateway.conversation import CUMULATIVE, PromptBuilder
+from trajbus.infra.tokenizer_loading import load_tokenizer
 
 log = logging.getLogger("trajbus.gateway")
 
@@ -21,9 +22,11 @@ class TokenizerNotReady(RuntimeError):
 
 
 class ChatTokenizer:
-    def __init__(self, path: str, multi_turn: str = CUMULATIVE) -> None:
+    def __init__(self, path: str, multi_turn: str = CUMULATIVE, without_torch: bool = True) -> None:
+        """``without_torch``: the process only tokenizes (``infra.tokenizer_loading``)."""
         self.path = path
         self.multi_turn = multi_turn
+        self.without_torch = without_torch
         self._tokenizer = None
         self._prompts: PromptBuilder | None = None
         self.error: str | None = None
@@ -37,9 +40,7 @@ class ChatTokenizer:
     def _load(self) -> None:
         started = time.monotonic()
         try:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(self.path)
+            tokenizer = load_tokenizer(self.path, self.without_torch)
             if not getattr(tokenizer, "chat_template", None):
                 raise ValueError(f"tokenizer at {self.path} has no chat template")
             self._prompts = PromptBuilder(tokenizer, self.multi_turn)

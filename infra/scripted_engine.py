@@ -101,11 +101,11 @@ class ScriptedEngine:
 
     def __init__(self, tokenizer_path: Path, replies: list[str | dict[str, Any]], record: Path | None = None,
                  max_length: int = 1 << 20, workers: int = 1) -> None:
-        from transformers import AutoTokenizer
+        from trajbus.infra.tokenizer_loading import load_tokenizer
 
         if not replies:
             raise ValueError("replies: the script needs at least one reply")
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.tokenizer = load_tokenizer(tokenizer_path)
         self.model_dir = tokenizer_path
         self.max_length = max_length
         self.loads = 1

@@ -1,0 +1,51 @@
+"""A process that only tokenizes loads its tokenizer without torch, and gets the same tokenizer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trajbus.infra import tiny_model
+
+CONVERSATION = [{"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": "What is the weather in Paris?"}]
+TEXT = "Checked the file; the failing assertion compares the parsed header."
+
+PROBE = """
+import json, sys
+from trajbus.infra.tokenizer_loading import load_tokenizer
+from tests.unit.test_tokenizer_loading import CONVERSATION, TEXT, what_it_gives
+from trajbus.infra.tiny_model import WEATHER_TOOL
+tokenizer = load_tokenizer(sys.argv[1])
+print(json.dumps({"torch": "torch" in sys.modules, **what_it_gives(tokenizer, [WEATHER_TOOL])}))
+"""
+
+
+def what_it_gives(tokenizer, tools: list) -> dict:
+    """What the gateway asks of a tokenizer: ids, decoding, the chat template with tools, the EOS id."""
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    return {"ids": ids, "text": tokenizer.decode(ids), "eos": tokenizer.eos_token_id,
+            "prompt": tokenizer.apply_chat_template(CONVERSATION, tools=tools, tokenize=False,
+                                                    add_generation_prompt=True)}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tokenizer")
+    tiny_model.build_tokenizer().save_pretrained(path)
+    return path
+
+
+def test_a_tokenizer_loaded_without_torch_gives_what_the_usual_load_gives(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    done = subprocess.run([sys.executable, "-c", PROBE, str(tokenizer_dir)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded.pop("torch") is False
+    assert loaded == what_it_gives(AutoTokenizer.from_pretrained(tokenizer_dir), [tiny_model.WEATHER_TOOL])
+    assert "PyTorch was not found" not in done.stderr  # transformers' advice is not our process's output
