@@ -27,6 +27,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from trajbus.infra.clients import reader
 from trajbus.infra.topics import read_partition, watermarks
+from trajbus.infra.tracing import BACKEND, OFFSET, OUTCOME, PARTITION, PROMPT_UID, STEP_INDEX, TOKENS
 from trajbus.infra.trace_export import SpanDecodeError, SpanRecord, decode_span
 from trajbus.streams.wire import codec
 from trajbus.streams.wire.chunks import ChunkReader
@@ -181,16 +182,16 @@ def _wall_ms(rows: list[TimelineRow]) -> float:
 
 # -- what a person reads ------------------------------------------------------------------------------
 
-_DETAILS = (("trajbus.step_index", "step"), ("trajbus.outcome", "outcome"), ("trajbus.backend", "backend"),
-            ("trajbus.tokens", "tokens"))
+_DETAILS = ((STEP_INDEX, "step"), (OUTCOME, "outcome"), (BACKEND, "backend"),
+            (TOKENS, "tokens"))
 
 
 def details(row: TimelineRow) -> str:
     """The row's key attributes, e.g. ``step=2 at=3@17 outcome=emitted tokens=12``."""
     attributes = row.attributes
     words = [f"{label}={attributes[name]}" for name, label in _DETAILS[:1] if name in attributes]
-    if "trajbus.partition" in attributes and "trajbus.offset" in attributes:
-        words.append(f"at={attributes['trajbus.partition']}@{attributes['trajbus.offset']}")
+    if PARTITION in attributes and OFFSET in attributes:
+        words.append(f"at={attributes[PARTITION]}@{attributes[OFFSET]}")
     words += [f"{label}={attributes[name]}" for name, label in _DETAILS[1:] if name in attributes]
     if row.status == "ERROR":
         words.append("status=ERROR")
@@ -227,22 +228,22 @@ def _read(consumer: Consumer, topic: str, partitions: Iterable[int]) -> Iterator
 
 
 def _step_event(message: Message, record: Any) -> _Event:
-    attributes: dict[str, Any] = {"trajbus.partition": message.partition(), "trajbus.offset": message.offset()}
+    attributes: dict[str, Any] = {PARTITION: message.partition(), OFFSET: message.offset()}
     if isinstance(record, TrajectoryEnd):
         name = "end"
-        attributes["trajbus.prompt_uid"] = record.prompt_uid
+        attributes[PROMPT_UID] = record.prompt_uid
     else:
         step = step_of(record)
         name = "step"
-        attributes.update({"trajbus.step_index": step.step_index, "trajbus.prompt_uid": step.prompt_uid,
-                           "trajbus.tokens": len(step.response_ids)})
+        attributes.update({STEP_INDEX: step.step_index, PROMPT_UID: step.prompt_uid,
+                           TOKENS: len(step.response_ids)})
     return _Event(message.timestamp()[1] * _MS, None, message.topic(), name, attributes)
 
 
 def _group_event(message: Message, group: ReadyGroup) -> _Event:
     return _Event(message.timestamp()[1] * _MS, None, message.topic(), "group", {
-        "trajbus.partition": message.partition(), "trajbus.offset": message.offset(),
-        "trajbus.prompt_uid": group.prompt_uid, "trajbus.outcome": group.status})
+        PARTITION: message.partition(), OFFSET: message.offset(),
+        PROMPT_UID: group.prompt_uid, OUTCOME: group.status})
 
 
 class _TopicReader:

@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from trajbus.infra.clients import acked_producer
+from trajbus.infra.tracing import TRAJECTORY_UID  # the attribute that names a span's trajectory: the key
 
 __all__ = ["FORMAT_VERSION", "KafkaSpanExporter", "SpanDecodeError", "SpanLink", "SpanRecord", "decode_span",
            "encode_span", "span_key", "TRAJECTORY_UID"]
@@ -40,8 +41,6 @@ __all__ = ["FORMAT_VERSION", "KafkaSpanExporter", "SpanDecodeError", "SpanLink",
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-TRAJECTORY_UID = "trajbus.trajectory_uid"
-"""The attribute that names a span's trajectory (``infra.tracing`` sets it); the record's key."""
 _UNKNOWN_SERVICE = "unknown_service"
 
 
