@@ -92,6 +92,26 @@ def test_a_crash_from_a_lost_connection_is_told_from_any_other():
     assert not lost_kafka(ValueError("a bug")) and not lost_kafka(None)
 
 
+def test_a_direct_read_the_broker_does_not_serve_is_a_lost_connection_not_a_bug():
+    """The worker's reconciliation reads the groups topic itself; while the broker restarts a read gets
+    no record in time: that failure waits for Kafka (one WARNING a streak), it is not an ERROR."""
+    from confluent_kafka import KafkaException
+
+    from trajbus.infra.topics import read_partition
+    from trajbus.streams.worker.logs import lost_kafka
+
+    class SilentConsumer:
+        def assign(self, partitions) -> None:
+            self.assigned = partitions
+
+        def poll(self, timeout: float) -> None:
+            return None
+
+    with pytest.raises(KafkaException, match=r"no records from t\[0\] at 3\.\.4") as raised:
+        list(read_partition(SilentConsumer(), "t", 0, 3, 5))
+    assert lost_kafka(raised.value)
+
+
 def test_the_worker_waits_for_kafka_under_the_one_retry_policy_and_counts_the_whole_outage(monkeypatch):
     """Provisioning is retried while the outage, begun before a restart, is within the limit; past it,
     ``KafkaUnreachable``; a replication the cluster cannot hold is not retried."""
