@@ -74,12 +74,15 @@ class Backend:
                 "slow_health_checks": self.slow_health_checks}
 
 
-def request_body(prompt_ids: list[int], sampling: dict[str, Any], model: str | None, stream: bool) -> dict[str, Any]:
-    """The vLLM completions request of one call."""
+def request_body(prompt_ids: list[int], sampling: dict[str, Any], model: str | None, stream: bool,
+                 stream_interval: int = 1) -> dict[str, Any]:
+    """The vLLM completions request of one call (``stream_interval``: tokens per streamed event, sent above 1)."""
     body = {"prompt": prompt_ids, "logprobs": 0, "return_tokens_as_token_ids": True,
             "skip_special_tokens": True, "stream": stream, **{k: v for k, v in sampling.items() if v is not None}}
     if model:
         body["model"] = model
+    if stream and stream_interval > 1:
+        body["stream_interval"] = stream_interval
     return body
 
 
@@ -254,10 +257,11 @@ class BackendPool:
             response.release()
         return backend.address, choices
 
-    async def stream(self, prompt_ids: list[int], sampling: dict[str, Any],
-                     preferred: str | None = None) -> tuple[str, EngineStream]:
+    async def stream(self, prompt_ids: list[int], sampling: dict[str, Any], preferred: str | None = None,
+                     stream_interval: int = 1) -> tuple[str, EngineStream]:
         """A streaming call: connects (with the no-answer retry) before returning the stream."""
-        backend, response = await self._send(request_body(prompt_ids, sampling, self.model, True), preferred)
+        backend, response = await self._send(request_body(prompt_ids, sampling, self.model, True, stream_interval),
+                                              preferred)
         return backend.address, EngineStream(backend, response, sampling.get("n") or 1, self.read_interval)
 
     def describe(self) -> list[dict[str, Any]]:

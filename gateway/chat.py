@@ -118,7 +118,8 @@ class ChatCompletions:
         await self.updates.hold(wait)
         generation = Generation(self.backends, self.updates, self.metrics, prompt.ids, sampling,
                                 self.lifecycle.policy_version(trajectory), trajectory.backend,
-                                self.tokenizer.stop_ids, request.stream or self.settings.engine_streaming == "always")
+                                self.tokenizer.stop_ids, request.stream or self.settings.engine_streaming == "always",
+                                1 if request.stream else self.settings.engine_stream_interval)
         call = (kind or ChatCall)(self, trajectory, request, messages, prompt, generation)
         call.spans = call_spans(trajectory, traceparent, started_ns)
         return call

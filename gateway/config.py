@@ -146,6 +146,12 @@ class GatewaySettings:
         help="'always': every call streams from the engine, so a weight update (POST /admin/pause) can cut it and "
              "continue it under the new weights; 'when-asked': a client that does not stream gets the engine's one "
              "JSON answer (about 6 us of gateway CPU a token less), which a pause cannot cut and waits for")
+    engine_stream_interval: int = setting(
+        16, parse=positive_int,
+        help="tokens per event the gateway asks of an engine stream that no client reads as it comes (the agent "
+             "asked for one JSON answer): vLLM's and SGLang's request field stream_interval, the first and last "
+             "event at once; a weight update still cuts it, and the engine's buffered tokens are generated again. "
+             "An event costs the gateway and the engine far more than a token; 1 asks for one event a token")
     engine_read_interval: float = setting(
         0.0, parse=non_negative_float,
         help="seconds the gateway waits after reading an engine stream before it reads again, so a fast engine's "

@@ -55,7 +55,7 @@ class Generation:
 
     def __init__(self, pool: BackendPool, gate: UpdateGate, metrics: GatewayMetrics, prompt_ids: list[int],
                  sampling: dict[str, Any], version: int, preferred: str | None, stop_ids: frozenset[int],
-                 cuttable: bool = True) -> None:
+                 cuttable: bool = True, stream_interval: int = 1) -> None:
         self.pool, self.gate, self.metrics = pool, gate, metrics
         self.prompt_ids, self.sampling, self.version = prompt_ids, sampling, version
         self.began_with = version
@@ -65,6 +65,8 @@ class Generation:
         self.cuttable = cuttable
         """False: one JSON answer from the engine (cheaper by ~6 us a token at the gateway), which a weight
         update cannot cut: the pause waits for it (``--engine-streaming when-asked``)."""
+        self.stream_interval = stream_interval
+        """Tokens per engine event (``--engine-stream-interval``) when no client reads the pieces as they come."""
         self.cuts = 0
         self._kept = 0
         """Tokens sampled before the last cut (counted once in ``cut_tokens``)."""
@@ -78,7 +80,8 @@ class Generation:
         if not self.cuttable:  # connected by run()
             return
         try:
-            self.backend, stream = await self.pool.stream(self.prompt_ids, self.sampling, self.backend)
+            self.backend, stream = await self.pool.stream(self.prompt_ids, self.sampling, self.backend,
+                                                          self.stream_interval)
         except BaseException:
             self.gate.leave(self)
             raise
@@ -204,6 +207,7 @@ class Generation:
         self._opened = []
         for choice in self._unfinished():
             sampling = {**self.sampling, "n": 1, "max_tokens": self.sampling["max_tokens"] - len(choice.token_ids)}
-            self.backend, stream = await self.pool.stream(self.prompt_ids + choice.token_ids, sampling, self.backend)
+            self.backend, stream = await self.pool.stream(self.prompt_ids + choice.token_ids, sampling, self.backend,
+                                                          self.stream_interval)
             self._opened.append((stream, [choice.index]))
         self.metrics.generations.labels("continued").inc()

@@ -14,6 +14,8 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    stream_interval: int = 1
+    """Tokens per streamed event, as vLLM's request field: the first and the last event go at once."""
 
 
 @dataclass
@@ -63,5 +65,6 @@ def sampling_params(body: dict) -> tuple[SamplingParams, int]:
         max_tokens = _integer(body, "max_completion_tokens", 16, 1)
     params = SamplingParams(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
                             top_p=_number(body, "top_p", 1.0, 1e-6, 1.0), seed=_integer(body, "seed", None, 0),
-                            stop=stop, ignore_eos=bool(body.get("ignore_eos", False)))
+                            stop=stop, ignore_eos=bool(body.get("ignore_eos", False)),
+                            stream_interval=_integer(body, "stream_interval", 1, 1))
     return params, _integer(body, "n", 1, 1)

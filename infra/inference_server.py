@@ -265,12 +265,15 @@ class ServedModel:
         sent = [""] * n
         hold = max((len(s) for s in params.stop), default=1) - 1
         pending: dict[int, list[tuple[int, float]]] = {i: [] for i in range(n)}
+        events = [0] * n
         while True:
             item = await queue.get()
             if item is None:
                 break
             index, token, logprob, text = item
             pending[index].append((token, logprob))
+            if events[index] and len(pending[index]) < params.stream_interval:
+                continue  # vLLM's stream interval: the first event at once, then one per interval tokens
             visible = text[:len(text) - hold] if hold else text
             if visible.endswith("\ufffd"):  # half a multi-byte character: wait for the rest
                 continue
@@ -278,6 +281,7 @@ class ServedModel:
             sent[index] += delta
             yield _sse(_chunk(body, rid, created, model_name, index, delta, pending[index], None))
             pending[index] = []
+            events[index] += 1
         samples = task.result() if not task.exception() else None
         if samples is None:
             yield _sse({"error": {"message": str(task.exception()), "type": "InternalServerError", "code": 500}})

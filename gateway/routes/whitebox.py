@@ -77,7 +77,7 @@ def whitebox_router(service: GatewayService, admin: list) -> APIRouter:
         version = body.policy_version if body.policy_version is not None else service.served.stamp(body.channel)
         generation = Generation(backends, service.updates, service.metrics, body.prompt_ids, sampling, version,
                                 backends.remembered(uid), service.tokenizer.stop_ids,
-                                settings.engine_streaming == "always")
+                                settings.engine_streaming == "always", settings.engine_stream_interval)
         try:
             await generation.start()
             await generation.run()
