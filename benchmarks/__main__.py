@@ -8,7 +8,7 @@ if __name__ == "__main__":
     assembly_bench.main()
     agentic_bench.main(["--long"])  # all three workloads of issue 12
     convert_bench.main()
-    gateway_bench.main()
+    gateway_bench.main([])
     tracing_bench.main()
     pacing_bench.main()
     update_bench.main([])

@@ -17,8 +17,10 @@ benchmark client's own CPU seconds (kernel accounting, not wall time) over each 
 phase, divided by its calls; per concurrency level, and per turn from a phase of one agent
 that sends every open conversation's turn n, then turn n + 1 (so each turn is its own phase).
 Beside the added latency: the acknowledged produce of one whole 8k-token step, measured in
-the same run, and the issue-25 targets with the measured figure and whether it is met. Last, the
-32 and 256 agent levels through two instances (`trajbus gateway --instances 2`).
+the same run. Then the 32 and 256 agent levels through two instances (`trajbus gateway --instances 2`),
+and 32 agents through a gateway that reads a non-streaming agent's answer as one JSON answer
+(``--engine-streaming when-asked``), the price of cut-and-continue. Last, the targets (issues 25
+and 31) with the figure measured in this run and whether it is met.
 
 Uses TRAJBUS_BOOTSTRAP_SERVERS when set, else a throw-away embedded broker.
 Prints five tables and writes benchmarks/results/gateway.json.
@@ -26,6 +28,7 @@ Prints five tables and writes benchmarks/results/gateway.json.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -41,6 +44,7 @@ import orjson
 
 from benchmarks.assembly_bench import RESULTS, percentile
 from benchmarks.cpu_meter import CpuMeter
+from benchmarks.targets import Target, print_targets
 from trajbus.gateway.backends import KEEPALIVE_SECONDS, request_body
 from trajbus.infra import tiny_model
 from trajbus.infra.kafka_broker import EmbeddedKafka
@@ -57,6 +61,7 @@ OBSERVATION = "$ pytest -q tests/test_parser.py\n" + "F.. assertion failed: head
 LEVELS = (1, 32, 256)
 FLEET_LEVELS = (32, 256)
 FLEET_INSTANCES = 2
+WHEN_ASKED_AGENTS = 32
 JSON_HEADERS = {"Content-Type": "application/json"}
 TURN_CONVERSATIONS = 100
 """Conversations of the per-turn CPU phase: each turn's phase is this many calls (the kernel counts
@@ -196,15 +201,16 @@ async def turn_costs(client: aiohttp.ClientSession, engine: str, gateway: str, t
     return costs
 
 
-async def measure(engine: str, gateway: str, rendering: str, fleet: list[str], turns: list[list[dict]],
-                  prompts: list[list[int]], meters: dict[str, CpuMeter]) -> dict:
+async def measure(engine: str, gateway: str, rendering: str, fleet: list[str], when_asked: str,
+                  turns: list[list[dict]], prompts: list[list[int]], meters: dict[str, CpuMeter]) -> dict:
     """Every level through the gateway; then one agent through a gateway that re-renders every call
     (``--multi-turn render``), to show what cumulative prompts save per turn; then the fleet levels
-    through two instances (``--instances 2``), trajectories opened at each in turn."""
+    through two instances (``--instances 2``), trajectories opened at each in turn; then 32 agents
+    through a gateway that does not stream a non-streaming agent's call (``--engine-streaming when-asked``)."""
     connector = aiohttp.TCPConnector(limit=600, keepalive_timeout=KEEPALIVE_SECONDS)
     meter = meters["single"]
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as client:
-        for urls in ([gateway], [rendering], fleet):
+        for urls in ([gateway], [rendering], fleet, [when_asked]):
             await level(client, engine, urls, 1, 2, turns, prompts, meter)  # warm-up, not reported
         _, rendered = await level(client, engine, [rendering], 1, 10, turns, prompts, meter)
         turn_cpu = await turn_costs(client, engine, gateway, turns, prompts, meter)
@@ -216,10 +222,12 @@ async def measure(engine: str, gateway: str, rendering: str, fleet: list[str], t
             per_turn = per_turn or turn_rows  # per turn: the single agent, undisturbed
         fleet_rows = [(await level(client, engine, fleet, agents, 1, turns, prompts, meters["fleet"]))[0]
                       for agents in FLEET_LEVELS]
+        unstreamed, _ = await level(client, engine, [when_asked], WHEN_ASKED_AGENTS, 1, turns, prompts,
+                                    meters["when-asked"])
     for entry, other, cpu in zip(per_turn, rendered, turn_cpu):
         entry["render_added_p50_ms"] = other["added_p50_ms"]
         entry["cpu"] = {"direct": cpu["direct"], "gateway": cpu["gateway"]}
-    return {"levels": rows, "per_turn": per_turn, "fleet": fleet_rows}
+    return {"levels": rows, "per_turn": per_turn, "fleet": fleet_rows, "when_asked": unstreamed}
 
 
 def produce_latency(bootstrap: str, prompt: list[int], reply: list[int]) -> dict:
@@ -239,8 +247,13 @@ def produce_latency(bootstrap: str, prompt: list[int], reply: list[int]) -> dict
             "p50_ms": 1000 * statistics.median(latencies), "p99_ms": 1000 * percentile(latencies, 0.99)}
 
 
-def targets(result: dict) -> list[dict]:
-    """Issue 25's targets, each with the measured figure and whether it is met (compared unrounded)."""
+def gateway_cpu(row: dict) -> float:
+    """The gateway's CPU ms per call of a level's calls through it."""
+    return row["cpu"]["gateway"]["cpu_ms_per_call"]["gateway"]
+
+
+def targets(result: dict) -> list[Target]:
+    """Issues 25's and 31's targets, each with the measured figure and whether it is met (compared unrounded)."""
     levels = {row["agents"]: row for row in result["levels"]}
     turn_10 = next(t for t in result["per_turn"] if t["turn"] == 10)["cpu"]["gateway"]["cpu_ms_per_call"]["gateway"]
     produce, added = result["produce"]["p50_ms"], levels[1]["added_p50_ms"]
@@ -250,8 +263,13 @@ def targets(result: dict) -> list[dict]:
                      f"{fleet[agents]['gateway_rps'] / levels[agents]['gateway_rps']:.3f}x "
                      f"({fleet[agents]['gateway_rps']:.1f} vs {levels[agents]['gateway_rps']:.1f} req/s)",
                      fleet[agents]["gateway_rps"] > levels[agents]["gateway_rps"]) for agents in FLEET_LEVELS]
+    streamed, unstreamed = gateway_cpu(levels[WHEN_ASKED_AGENTS]), gateway_cpu(result["when_asked"])
     checks = [
-        ("gateway CPU per call at turn 10", "<= 2 ms", f"{turn_10:.2f} ms", turn_10 <= 2.0),
+        ("gateway CPU per call at turn 10, 1 agent", "<= 2 ms", f"{turn_10:.2f} ms", turn_10 <= 2.0),
+        *((f"gateway CPU per call at {agents} agents (turns 1-10)", "<= 2 ms",
+           f"{gateway_cpu(levels[agents]):.2f} ms", gateway_cpu(levels[agents]) <= 2.0) for agents in LEVELS),
+        (f"cut-and-continue / when-asked, gateway CPU at {WHEN_ASKED_AGENTS} agents", "<= 1.2x",
+         f"{streamed / unstreamed:.3f}x ({streamed:.2f} vs {unstreamed:.2f} ms)", streamed <= 1.2 * unstreamed),
         ("added p50 at 1 agent", f"<= produce p50 + 2 ms = {produce + 2:.2f} ms", f"{added:.2f} ms",
          added <= produce + 2.0),
         ("throughput at 32 agents / direct", ">= 0.8x", f"{levels[32]['throughput_ratio']:.3f}x",
@@ -262,7 +280,7 @@ def targets(result: dict) -> list[dict]:
          f"{rps_256 / rps_32:.3f}x ({rps_256:.1f} vs {rps_32:.1f} req/s)", rps_256 >= rps_32),
         *fleet_checks,
     ]
-    return [{"target": name, "bound": bound, "measured": measured, "met": met} for name, bound, measured, met in checks]
+    return [Target(*check) for check in checks]
 
 
 def _ms(figures: dict[str, float], name: str) -> str:
@@ -313,13 +331,15 @@ def print_tables(result: dict) -> None:
     produce, one = result["produce"], result["levels"][0]
     print(f"\nacknowledged produce of one {produce['tokens']}-token step, one at a time: "
           f"p50 {produce['p50_ms']:.2f} ms, p99 {produce['p99_ms']:.2f} ms; "
-          f"the gateway's added p50 at 1 agent: {one['added_p50_ms']:.2f} ms\n")
-    print_table(["issue 25 target", "bound", "measured", "met"],
-                [[t["target"], t["bound"], t["measured"], "yes" if t["met"] else "MISSED"] for t in result["targets"]],
-                title="Targets (instant engine, this machine)")
+          f"the gateway's added p50 at 1 agent: {one['added_p50_ms']:.2f} ms")
+    unstreamed = result["when_asked"]
+    print(f"{WHEN_ASKED_AGENTS} agents through --engine-streaming when-asked: {unstreamed['gateway_rps']:.1f} req/s, "
+          f"gateway CPU {gateway_cpu(unstreamed):.2f} ms/call")
 
 
-def main() -> dict:
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gateway_bench", description=__doc__.split("\n")[0])
+    parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="trajbus-bench-gateway-"))
     broker, pids = None, {}
     bootstrap = os.environ.get("TRAJBUS_BOOTSTRAP_SERVERS")
@@ -332,37 +352,38 @@ def main() -> dict:
         model = tiny_model.build()
         turns = conversation()
         prompts, reply = engine_prompts(model, turns)
-        engine_port, gateway_port, rendering_port = free_port(), free_port(), free_port()
+        engine_port, gateway_port, rendering_port, when_asked_port = (free_port() for _ in range(4))
         fleet_port = free_ports(FLEET_INSTANCES + 1)
         engine = scripted_engine_process(engine_port, workdir, model, [REPLY]).start()
         processes.append(engine)
-        for port, mode, instances in ((gateway_port, "cumulative", 1), (rendering_port, "render", 1),
-                                      (fleet_port, "cumulative", FLEET_INSTANCES)):
-            gateway = gateway_process(bootstrap, f"bench-{uuid.uuid4().hex[:6]}", [f"127.0.0.1:{engine_port}"],
-                                      model, port, workdir / f"gateway-state-{mode}-{instances}",
-                                      workdir / f"gateway-{mode}-{instances}.log",
-                                      ["--prompt-length", "16384", "--response-length", "512", "--multi-turn", mode,
-                                       "--instances", str(instances)]).start()
-            processes.append(gateway)
+        for port, name, flags in ((gateway_port, "cumulative", []),
+                                  (rendering_port, "render", ["--multi-turn", "render"]),
+                                  (fleet_port, "fleet", ["--instances", str(FLEET_INSTANCES)]),
+                                  (when_asked_port, "when-asked", ["--engine-streaming", "when-asked"])):
+            processes.append(gateway_process(
+                bootstrap, f"bench-{uuid.uuid4().hex[:6]}", [f"127.0.0.1:{engine_port}"], model, port,
+                workdir / f"gateway-state-{name}", workdir / f"gateway-{name}.log",
+                ["--prompt-length", "16384", "--response-length", "512", *flags]).start())
         fleet = [f"http://127.0.0.1:{fleet_port + 1 + i}" for i in range(FLEET_INSTANCES)]
-        for url in [f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{rendering_port}", *fleet]:
+        urls = [f"http://127.0.0.1:{port}" for port in (gateway_port, rendering_port, when_asked_port)]
+        for url in [*urls, *fleet]:
             wait_http(f"{url}/ready", 120)
         wait_http(f"http://127.0.0.1:{engine_port}/health", 120, engine)
         shared = {**pids, "engine": engine.pid}
-        meters = {"single": CpuMeter({**shared, "gateway": processes[1].pid}),
-                  "fleet": CpuMeter({**shared, "gateway": processes[3].pid})}  # the instances: its descendants
+        meters = {name: CpuMeter({**shared, "gateway": process.pid})  # the fleet's instances: its descendants
+                  for name, process in zip(("single", "render", "fleet", "when-asked"), processes[1:])}
         print(f"\ngateway: {TURNS}-turn conversations growing to {len(prompts[-1])} prompt tokens, "
               f"{len(REPLY)}-token replies from an instant engine; direct vs through the gateway")
-        result = asyncio.run(measure(f"127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}",
-                                     f"http://127.0.0.1:{rendering_port}", fleet, turns, prompts, meters))
+        result = asyncio.run(measure(f"127.0.0.1:{engine_port}", urls[0], urls[1], fleet, urls[2], turns, prompts,
+                                     meters))
         result["produce"] = produce_latency(bootstrap, prompts[-1], reply)
-        result["targets"] = targets(result)
     finally:
         for process in reversed(processes):
             process.stop()
         if broker is not None:
             broker.stop()
     print_tables(result)
+    result["targets"] = print_targets(targets(result), "Targets (instant engine, this machine)")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "gateway.json").write_text(json.dumps(result, indent=2))
     return result

@@ -21,13 +21,14 @@ kept at cuts (what an engine that drops a cut generation would have thrown away)
 and the tokens delivered per second.
 
 What streaming from the engine costs the gateway: to cut a generation, the gateway
-reads every call as a stream, also for a client that asked for one JSON answer.
-Second table: the gateway's CPU per non-streaming call (300-token replies of an
-instant scripted engine, 8 calls at once, ``benchmarks.cpu_meter``) with
+reads every call as a stream, also for a client that asked for one JSON answer
+(in events of ``--engine-stream-interval`` tokens). Second table: the gateway's CPU
+per non-streaming call (300-token replies of an instant scripted engine, 8 calls at
+once, ``benchmarks.cpu_meter``) with
 ``--engine-streaming always`` (the default) against ``when-asked`` (the engine's one
 JSON answer, which an update cannot cut), in the same run.
 
-Prints two tables, writes benchmarks/results/update.json. Uses
+Prints two tables and the targets with their figures; writes benchmarks/results/update.json. Uses
 TRAJBUS_BOOTSTRAP_SERVERS when set, else a throw-away embedded broker.
 """
 
@@ -50,6 +51,7 @@ import httpx
 
 from benchmarks.assembly_bench import RESULTS
 from benchmarks.cpu_meter import CpuMeter
+from benchmarks.targets import Target, print_targets
 from trajbus.consumers import BatchConsumer
 from trajbus.infra import tiny_model
 from trajbus.infra.kafka_broker import EmbeddedKafka
@@ -265,12 +267,19 @@ def report(runs: list[dict], costs: list[dict], args: argparse.Namespace) -> Non
     print_table(["--engine-streaming", "gateway CPU ms/call", "wall ms/call"],
                 [[c["engine_streaming"], f"{c['gateway_cpu_ms_per_call']:.2f}", f"{c['wall_ms_per_call']:.2f}"]
                  for c in costs])
-    cost_ratio = costs[1]["gateway_cpu_ms_per_call"] / costs[0]["gateway_cpu_ms_per_call"]
-    print(f"gateway CPU per call, always / when-asked: {cost_ratio:.2f}x")
+    unstreamed, streamed = (c["gateway_cpu_ms_per_call"] for c in costs)
+    cost_ratio = streamed / unstreamed
+    errors = sum(run["errors"] for run in runs)
+    targets = print_targets([
+        Target("gateway CPU per non-streaming call, always / when-asked", "<= 1.2x",
+               f"{cost_ratio:.3f}x ({streamed:.2f} vs {unstreamed:.2f} ms)", cost_ratio <= 1.2),
+        Target("trainer wait per update, cut-and-continue / drain", "< 1.0x", f"{ratio:.3f}x", ratio < 1.0),
+        Target("agent calls that failed, both runs", "0", str(errors), errors == 0),
+    ], "Targets (scripted engine, this machine)")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "update.json").write_text(json.dumps({"arguments": vars(args), "runs": runs, "wait_ratio": ratio,
-                                                     "stream_cost": costs, "stream_cost_ratio": cost_ratio},
-                                                    indent=2))
+                                                     "stream_cost": costs, "stream_cost_ratio": cost_ratio,
+                                                     "targets": targets}, indent=2))
 
 
 if __name__ == "__main__":
