@@ -145,7 +145,7 @@ class GatewaySettings:
         "always", choices=ENGINE_STREAMING,
         help="'always': every call streams from the engine, so a weight update (POST /admin/pause) can cut it and "
              "continue it under the new weights; 'when-asked': a client that does not stream gets the engine's one "
-             "JSON answer (about 6 us of gateway CPU a token less), which a pause cannot cut and waits for")
+             "JSON answer, which a pause cannot cut and waits for")
     engine_stream_interval: int = setting(
         16, parse=positive_int,
         help="tokens per event the gateway asks of an engine stream that no client reads as it comes (the agent "

@@ -63,8 +63,8 @@ class Generation:
         self.backend, self.stop_ids = preferred, stop_ids
         self.choices = [Sampled(i) for i in range(sampling.get("n") or 1)]
         self.cuttable = cuttable
-        """False: one JSON answer from the engine (cheaper by ~6 us a token at the gateway), which a weight
-        update cannot cut: the pause waits for it (``--engine-streaming when-asked``)."""
+        """False: one JSON answer from the engine, which a weight update cannot cut: the pause waits for it
+        (``--engine-streaming when-asked``)."""
         self.stream_interval = stream_interval
         """Tokens per engine event (``--engine-stream-interval``) when no client reads the pieces as they come."""
         self.cuts = 0
