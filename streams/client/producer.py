@@ -115,6 +115,12 @@ class StepProducer:
             # an 8k-token step: acknowledged in 4.9 ms at linger.ms=1, 3.0 ms at 0); the records of one
             # call still share batches, queued behind the first while it is in flight.
             "linger.ms": 0,
+            # One produce request in flight per broker: what the other callers queue meanwhile goes in the
+            # next request together (a group commit), instead of up to five small requests each paying the
+            # replication round trip. On a 3-node cluster (acks=all), 16 callers of one acknowledged step:
+            # 225 -> 301 steps/s, 64 callers: 285 -> 433; one caller and one node unchanged. Order and
+            # idempotence hold either way.
+            "max.in.flight.requests.per.connection": 1,
             "compression.type": "lz4",
             # murmur2 is the Java client's partitioner: every producer of a topic,
             # in any language, must put one prompt_uid on the same partition.
