@@ -149,8 +149,9 @@ class GatewaySettings:
     engine_stream_interval: int = setting(
         16, parse=positive_int,
         help="tokens per event the gateway asks of an engine stream that no client reads as it comes (the agent "
-             "asked for one JSON answer): vLLM's and SGLang's request field stream_interval, the first and last "
-             "event at once; a weight update still cuts it, and the engine's buffered tokens are generated again. "
+             "asked for one JSON answer), by the request field stream_interval (vLLM's sampling parameter; a "
+             "server that does not take it ignores it: start the engine with its own --stream-interval then); a "
+             "weight update still cuts such a stream, and the tokens the engine had not sent are sampled again. "
              "An event costs the gateway and the engine far more than a token; 1 asks for one event a token")
     engine_read_interval: float = setting(
         0.0, parse=non_negative_float,
