@@ -309,12 +309,16 @@ def end_offsets_of(bootstrap_servers: str, partitions: list[tuple[str, int]], ti
         probe.close()
 
 
+class UnservedRead(RuntimeError):
+    """A direct read of a partition that the broker did not serve (a broker away, a leader moving)."""
+
+
 def read_partition(consumer: Consumer, topic: str, partition: int, start: int, end: int) -> Iterator[Message]:
     """Records of one partition with ``start <= offset < end``, in order (fewer where the log has gaps).
 
     ``consumer`` is assigned to the partition for the read; it needs ``enable.partition.eof``. A read
     the broker does not serve (no record within 5 s, or an error of the partition) raises
-    ``KafkaException``: a caller that retries while Kafka is away tells it from a bug by its type.
+    ``UnservedRead``: a caller that retries while Kafka is away tells it from a bug by its type.
     """
     if start >= end:
         return
@@ -322,12 +326,11 @@ def read_partition(consumer: Consumer, topic: str, partition: int, start: int, e
     while True:
         message = consumer.poll(5.0)
         if message is None:
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
-                                            f"no records from {topic}[{partition}] at {start}..{end - 1} within 5 s"))
+            raise UnservedRead(f"no records from {topic}[{partition}] at {start}..{end - 1} within 5 s")
         error = message.error()
         if error is not None and error.code() != KafkaError._PARTITION_EOF:
             if message.topic() == topic:
-                raise KafkaException(KafkaError(error.code(), f"reading {topic}[{partition}]: {error.str()}"))
+                raise UnservedRead(f"reading {topic}[{partition}]: {error.str()}")
             log.info("reading %s[%d]: client event %s", topic, partition, error.str())  # e.g. a reconnect
             continue
         if error is not None or message.offset() >= end:

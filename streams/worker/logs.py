@@ -130,8 +130,10 @@ def lost_kafka(exc: BaseException | None) -> bool:
     """Whether a failure comes from a lost Kafka connection (its cause chain holds a client error)."""
     from aiokafka.errors import KafkaError
 
+    from trajbus.infra.topics import UnservedRead
+
     while exc is not None:
-        if isinstance(exc, (KafkaError, KafkaException, ConnectionError)):
+        if isinstance(exc, (KafkaError, KafkaException, ConnectionError, UnservedRead)):
             return True
         exc = exc.__cause__ or exc.__context__
     return False

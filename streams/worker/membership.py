@@ -6,6 +6,11 @@ It is said, not silent. Once an assignment is in and the table recovered, the wo
 for the group's members (one DescribeGroups request) and says how many it shares the partitions
 with and which partitions it holds. The first such line is the ready line: where the worker is
 (bootstrap servers, prefix, channels, group) and how long it rides through a Kafka outage.
+
+No look-up is made while Kafka is known to be away: the announcement waits for the outage's end.
+librdkafka aborts the whole process when a DescribeGroups request that timed out meets a broker
+coming back (``rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt > 0'``,
+confluentinc/librdkafka#4605): a rebalance during a broker restart killed the worker that way.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any, Iterable
 
 import faust
 
+from trajbus.infra.outage import cluster_outage
 from trajbus.infra.topics import admin_client
 from trajbus.streams.worker.assignment_watch import held_by_channel
 from trajbus.streams.worker.periodic import every
@@ -74,8 +80,8 @@ class Membership:
         return self.pending and not self.app.rebalancing and self.app.tables.recovery.completed.is_set()
 
     async def announce(self) -> None:
-        if not self.due():
-            return
+        if not self.due() or cluster_outage(self.assembler.bootstrap_servers).down_since is not None:
+            return  # during an outage: announced once Kafka answers (no group look-up meanwhile)
         self.pending = False  # an assignment while Kafka is asked is announced in turn
         settings = self.assembler.settings
         try:

@@ -95,9 +95,7 @@ def test_a_crash_from_a_lost_connection_is_told_from_any_other():
 def test_a_direct_read_the_broker_does_not_serve_is_a_lost_connection_not_a_bug():
     """The worker's reconciliation reads the groups topic itself; while the broker restarts a read gets
     no record in time: that failure waits for Kafka (one WARNING a streak), it is not an ERROR."""
-    from confluent_kafka import KafkaException
-
-    from trajbus.infra.topics import read_partition
+    from trajbus.infra.topics import UnservedRead, read_partition
     from trajbus.streams.worker.logs import lost_kafka
 
     class SilentConsumer:
@@ -107,7 +105,7 @@ def test_a_direct_read_the_broker_does_not_serve_is_a_lost_connection_not_a_bug(
         def poll(self, timeout: float) -> None:
             return None
 
-    with pytest.raises(KafkaException, match=r"no records from t\[0\] at 3\.\.4") as raised:
+    with pytest.raises(UnservedRead, match=r"no records from t\[0\] at 3\.\.4") as raised:
         list(read_partition(SilentConsumer(), "t", 0, 3, 5))
     assert lost_kafka(raised.value)
 

@@ -226,6 +226,35 @@ def test_the_first_assignment_is_the_ready_line_and_a_second_worker_says_it_shar
                           "holds steps partitions train 4-7")
 
 
+def test_a_rebalance_during_an_outage_is_announced_once_kafka_answers_without_a_look_up_before(caplog,
+                                                                                              monkeypatch):
+    """librdkafka aborts the process when a DescribeGroups request that timed out meets a broker coming
+    back (confluentinc/librdkafka#4605): no group look-up while the cluster is known to be away."""
+    from trajbus.infra.outage import cluster_outage
+
+    servers = "127.0.0.1:9"  # the process's ClusterOutage of this address, this test's own
+    settings = SimpleNamespace(app_id="p-worker-train", channels=("train",), topics=SimpleNamespace(prefix="p"),
+                               broker_outage_limit=120.0)
+    recovered = asyncio.Event()
+    recovered.set()
+    app = SimpleNamespace(rebalancing=False, tables=SimpleNamespace(recovery=SimpleNamespace(completed=recovered)))
+    monkeypatch.setattr(membership, "held_by_channel", lambda app, prefix, channels: {"train": {0, 1}})
+    look_ups: list[str] = []
+    monkeypatch.setattr(membership, "group_size", lambda servers, group: look_ups.append(group) or 1)
+    worker = Membership(app, SimpleNamespace(settings=settings, bootstrap_servers=servers))
+    outage = cluster_outage(servers)
+    with caplog.at_level(logging.INFO, logger="trajbus.worker"):
+        outage.failed("refused")
+        worker.assigned()
+        asyncio.run(worker.announce())
+        assert look_ups == [] and worker.pending
+        outage.reached()
+        asyncio.run(worker.announce())
+    assert look_ups == ["p-worker-train"] and not worker.pending
+    assert [r.getMessage() for r in caplog.records if r.name == "trajbus.worker"][0].startswith(
+        "worker ready: bootstrap 127.0.0.1:9, prefix p, channels train; the only worker of group p-worker-train")
+
+
 def test_direct_reads_after_a_rebalance_are_one_warning(caplog):
     """After a broker restart every partition has a range Faust skipped, read directly: the recovery
     working, told once per rebalance (each partition at DEBUG)."""
