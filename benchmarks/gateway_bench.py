@@ -271,7 +271,7 @@ def gateway_cpu(row: dict) -> float:
 def targets(result: dict) -> list[Target]:
     """Issues 25's and 31's targets, each with the measured figure and whether it is met (compared unrounded)."""
     levels = {row["agents"]: row for row in result["levels"]}
-    turn_10 = next(t for t in result["per_turn"] if t["turn"] == 10)["cpu"]["gateway"]["cpu_ms_per_call"]["gateway"]
+    turn_10 = gateway_cpu(next(t for t in result["per_turn"] if t["turn"] == TURNS))
     produce, added = result["produce"]["p50_ms"], levels[1]["added_p50_ms"]
     rps_32, rps_256 = levels[32]["gateway_rps"], levels[256]["gateway_rps"]
     fleet = {row["agents"]: row for row in result["fleet"]}

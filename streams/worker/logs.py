@@ -40,6 +40,7 @@ from logging import LogRecord
 from confluent_kafka import KafkaException
 
 from trajbus.infra.logs import FORMAT
+from trajbus.infra.topics import UnservedRead
 
 LIBRARIES = ("faust", "mode", "aiokafka", "kafka")
 """The worker's libraries: their loggers take ``--faust-loglevel``."""
@@ -129,8 +130,6 @@ def logging_config(library_level: str, level: int = logging.INFO) -> dict:
 def lost_kafka(exc: BaseException | None) -> bool:
     """Whether a failure comes from a lost Kafka connection (its cause chain holds a client error)."""
     from aiokafka.errors import KafkaError
-
-    from trajbus.infra.topics import UnservedRead
 
     while exc is not None:
         if isinstance(exc, (KafkaError, KafkaException, ConnectionError, UnservedRead)):
