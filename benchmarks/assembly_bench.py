@@ -17,11 +17,13 @@ import logging
 import os
 import statistics
 import tempfile
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition
 
 from trajbus.consumers import BatchConsumer
 from trajbus.infra.clients import acked_producer, reader
@@ -38,9 +40,12 @@ log = logging.getLogger("trajbus.benchmarks")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def raw_round_trip(bootstrap: str, values: list[tuple[bytes, bytes]], partitions: int) -> float:
+def raw_round_trip(bootstrap: str, values: list[tuple[bytes, bytes]], partitions: int,
+                   lanes: list[list[int]] | None = None) -> float:
     """Seconds to produce ``values`` (acknowledged: idempotent, acks=all, as trajbus's producers) and
-    consume them all back through a plain topic of the cluster's replication."""
+    consume them all back through a plain topic of the cluster's replication. ``lanes``: indexes of
+    ``values``, one thread each producing one record per call and waiting for its acknowledgement
+    (the gateway's call pattern); else all produced at once, then flushed."""
     topic = f"bench-raw-{uuid.uuid4().hex[:6]}"
     ensure_topics(bootstrap, [TopicSpec(topic, partitions)])
     consumer = reader(bootstrap, {"fetch.wait.max.ms": 50, "logger": log})
@@ -48,14 +53,10 @@ def raw_round_trip(bootstrap: str, values: list[tuple[bytes, bytes]], partitions
     producer = acked_producer(bootstrap, {"linger.ms": 1, "compression.type": "lz4",
                                           "partitioner": "murmur2_random", "logger": log})
     start = time.perf_counter()
-    for key, value in values:
-        while True:
-            try:
-                producer.produce(topic, key=key, value=value)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(60)
+    if lanes is None:
+        produce_all(producer, topic, values)
+    else:
+        produce_per_call(producer, topic, values, lanes)
     received, deadline = 0, time.monotonic() + 300
     while received < len(values):
         if time.monotonic() > deadline:
@@ -66,6 +67,45 @@ def raw_round_trip(bootstrap: str, values: list[tuple[bytes, bytes]], partitions
     elapsed = time.perf_counter() - start
     consumer.close()
     return elapsed
+
+
+def produce_all(producer: Producer, topic: str, values: list[tuple[bytes, bytes]]) -> None:
+    for key, value in values:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+
+
+def produce_per_call(producer: Producer, topic: str, values: list[tuple[bytes, bytes]],
+                     lanes: list[list[int]]) -> None:
+    """Each lane a thread: one record per call, the next only once the broker acknowledged it; one
+    thread serves every delivery report (as ``StepProducer`` does)."""
+    polling = threading.Event()
+
+    def serve_reports() -> None:
+        while not polling.is_set():
+            producer.poll(0.05)
+
+    def call(key: bytes, value: bytes) -> None:
+        acked = threading.Event()
+        errors: list = []
+        producer.produce(topic, key=key, value=value,
+                         on_delivery=lambda err, _message: (errors.append(err) if err else None, acked.set()))
+        if not acked.wait(60) or errors:
+            raise RuntimeError(f"raw baseline: a call was not acknowledged: {errors or 'no report in 60 s'}")
+
+    poller = threading.Thread(target=serve_reports, name="raw-baseline-poll", daemon=True)
+    poller.start()
+    try:
+        with ThreadPoolExecutor(len(lanes)) as pool:
+            list(pool.map(lambda lane: [call(*values[i]) for i in lane], lanes))
+    finally:
+        polling.set()
+        poller.join()
 
 
 def assembled_round_trip(bootstrap: str, prefix: str, steps: list, n_groups: int) -> float:
