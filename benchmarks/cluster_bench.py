@@ -6,7 +6,9 @@ each agentic workload (single-turn, 12-turn) end to end through ``submit_steps``
 worker -> ``fetch_dataproto``, at the gateway's call pattern (one acknowledged step per call from
 ``--callers`` threads, each an agent's lane of trajectories), against raw produce (acknowledged) + consume of the same
 encoded steps through a plain topic with the same replication and partitions
-(``agentic_bench.run_patterns``). The ratio is raw seconds over end-to-end seconds. On the cluster
+(``agentic_bench.run_patterns``). The ratio is raw seconds over end-to-end seconds. Beside it, Kafka's
+own price of the call pattern: the same records produced one acknowledged record per call from the same
+threads ("raw per call"), which bounds what any client of that pattern can reach. On the cluster
 also at 256 callers, the fleet's pattern (many agents, each waiting for its acknowledged step).
 
 Prints a table and the targets (issue 31: at least half of raw on the cluster, each workload, each
