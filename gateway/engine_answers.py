@@ -14,6 +14,7 @@ was read, nothing of a partial one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Protocol
@@ -96,6 +97,21 @@ def whole_answer(backend: AnsweringBackend, raw: bytes, choices: int) -> list[Co
         raise BackendError(f"backend {backend.address} answered {what[:2000]}") from exc
     check_every_choice_ended(backend, {c.index for c in answer}, choices, "answered")
     return sorted(answer, key=lambda c: c.index)
+
+
+BODY_END_SECONDS = 1.0
+"""How long a stream's body may take to end after its ``[DONE]`` before its connection is dropped."""
+
+
+async def read_to_end(content: aiohttp.StreamReader) -> None:
+    """What follows ``[DONE]`` (the chunked body's terminator, which can come in a later packet) read, so
+    releasing the response gives its connection back to the pool: aiohttp closes a connection whose body
+    was not read to its end, and the next call then pays a new one on both sides (about 0.5 ms of the
+    gateway's CPU at one agent). A body that does not end soon is left to that close."""
+    with contextlib.suppress(TimeoutError, aiohttp.ClientError):  # the answer is whole: only the connection is lost
+        async with asyncio.timeout(BODY_END_SECONDS):
+            while await content.readany():
+                pass
 
 
 class StreamDecoder:
@@ -243,6 +259,7 @@ class EngineStream:
             finished = self._open
             if finished:  # a long stream's end is a later sign of life than its start
                 self.backend.liveness.answered(time.monotonic())
+                await read_to_end(self.response.content)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             if self._open:  # not cut by us
                 self.backend.failures += 1

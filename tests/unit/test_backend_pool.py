@@ -155,6 +155,10 @@ class Engine:
 
     def __init__(self) -> None:
         self.health_delay, self.status = 0.0, 200
+        self.end_delay = 0.0
+        """Seconds between a stream's ``[DONE]`` and its body's end (a later packet)."""
+        self.peers: list[tuple] = []
+        """Each completion request's client address: one per connection."""
         self.address = ""
         self.runner: web.AppRunner | None = None
 
@@ -165,6 +169,7 @@ class Engine:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         if self.status != 200:
             return web.json_response({"error": "engine fault"}, status=self.status)
+        self.peers.append(request.transport.get_extra_info("peername"))
         choice = {"index": 0, "text": "4", "finish_reason": "stop",
                   "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5]}}
         if not (await request.json()).get("stream"):
@@ -172,6 +177,7 @@ class Engine:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await response.write(b"data: " + orjson.dumps({"choices": [choice]}) + b"\n\ndata: [DONE]\n\n")
+        await asyncio.sleep(self.end_delay)
         await response.write_eof()
         return response
 
@@ -243,5 +249,23 @@ def test_a_backend_whose_process_is_gone_is_out_at_once_despite_its_answers():
             assert backend.last_error.startswith("ClientConnectorError")
             with pytest.raises(NoBackendAvailable):
                 pool.pick()
+
+    asyncio.run(run())
+
+
+def test_streams_read_to_done_keep_one_connection_even_when_the_body_ends_later():
+    """A stream's body ends (its chunked terminator) after ``[DONE]``, here in a later packet: the answer is
+    whole at ``[DONE]``, and its connection goes back to the pool for the next call instead of being closed
+    (every call would pay a new connection on the gateway and on the engine)."""
+
+    async def run() -> None:
+        engine = Engine()
+        engine.end_delay = 0.05
+        async with engine.serving() as pool:
+            await pool.check(pool.backends[engine.address])
+            for _ in range(3):
+                _, stream = await pool.stream([1, 2], {"max_tokens": 4})
+                assert [piece.token_ids async for piece in stream] == [[7]]
+        assert len(engine.peers) == 3 and len(set(engine.peers)) == 1
 
     asyncio.run(run())
