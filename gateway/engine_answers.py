@@ -56,20 +56,40 @@ class Completion:
     finish_reason: str | None = None
 
 
+NO_TOKEN_IDS = "no token ids (needs vLLM's return_tokens_as_token_ids or return_token_ids)"
+_SEPARATED_PREFIX = "," + TOKEN_ID_PREFIX
+
+
+def prefixed_ids(tokens: list[str]) -> list[int]:
+    """vLLM's ``token_id:N`` strings as ids, parsed by C loops over one joined string, not a Python step per
+    token (a 2000-token reply is parsed once per call, on the gateway's event loop). Every token must be
+    exactly the prefix and an integer: one without the prefix, or with anything around its number, is the
+    engine's fault."""
+    if not tokens:
+        return []
+    try:
+        separated = "," + ",".join(tokens)
+    except TypeError:  # a token that is no string
+        raise BackendError(NO_TOKEN_IDS) from None
+    if separated.count(",") != len(tokens) or separated.count(_SEPARATED_PREFIX) != len(tokens):
+        raise BackendError(NO_TOKEN_IDS)  # a comma inside a token, or one without the prefix
+    try:  # each prefix removed where a token begins; one inside a token leaves it no integer
+        return list(map(int, separated.replace(_SEPARATED_PREFIX, ",")[1:].split(",")))
+    except ValueError:
+        raise BackendError(NO_TOKEN_IDS) from None
+
+
 def _ids_of(choice: dict[str, Any]) -> list[int]:
     if choice.get("token_ids") is not None:
-        return [int(t) for t in choice["token_ids"]]
-    tokens = (choice.get("logprobs") or {}).get("tokens") or []
-    if all(isinstance(t, str) and t.startswith(TOKEN_ID_PREFIX) for t in tokens):
-        return [int(t[9:]) for t in tokens]
-    raise BackendError("no token ids (needs vLLM's return_tokens_as_token_ids or return_token_ids)")
+        return list(map(int, choice["token_ids"]))
+    return prefixed_ids((choice.get("logprobs") or {}).get("tokens") or [])
 
 
 def _logprobs_of(choice: dict[str, Any]) -> list[float]:
     values = (choice.get("logprobs") or {}).get("token_logprobs")
     if values is None:
         raise BackendError("no log-probabilities")
-    return [float(v) for v in values]
+    return list(map(float, values))
 
 
 def check_every_choice_ended(backend: AnsweringBackend, ended: set[int], choices: int, what: str) -> None:
@@ -196,11 +216,7 @@ def merge_chunks(backend: AnsweringBackend, chunks: list[Any], ended: set[int]) 
                     tokens, values = logprobs.get("tokens") or (), logprobs.get("token_logprobs")
                     if values is None and tokens:
                         raise BackendError("no log-probabilities")
-                    for token in tokens:
-                        if token[:9] != TOKEN_ID_PREFIX:
-                            raise BackendError("no token ids (needs vLLM's return_tokens_as_token_ids or "
-                                               "return_token_ids)")
-                        piece.token_ids.append(int(token[9:]))
+                    piece.token_ids += prefixed_ids(tokens)
                     if tokens:
                         piece.logprobs += map(float, values)
                 elif choice.get("token_ids") or logprobs:

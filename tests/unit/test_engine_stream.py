@@ -580,9 +580,23 @@ def test_an_event_not_json_is_the_engines_fault_and_named():
         assert outcome.response.closed and not outcome.response.released
 
 
-def test_a_token_that_is_no_id_is_the_engines_fault():
-    body = render(vllm_events(TWO_CHOICES)).replace(b'"token_id:9707"', b'"Hello"', 1)
-    outcome = run(read([body], 2))
+NOT_IDS = {  # what replaces the token "token_id:9707" (a JSON value), each no id of its own
+    "text": b'"Hello"', "empty": b'""', "prefix inside": b'"token_id:97token_id:07"', "comma inside":
+    b'"token_id:97,token_id:07"', "no number": b'"token_id:x"', "prefix not first": b'"xtoken_id:9707"',
+    "number around": b'"token_id:9707 Hello"', "not a string": b"9707",
+}
+
+
+@pytest.mark.parametrize("token", NOT_IDS.values(), ids=NOT_IDS.keys())
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole"])
+def test_a_token_that_is_no_id_is_the_engines_fault(token, streamed):
+    """vLLM's ids are parsed over the tokens joined (``prefixed_ids``), not one at a time: no token's content
+    may pass for ids, or shift the ids of the others."""
+    if streamed:
+        outcome = run(read([render(vllm_events(TWO_CHOICES)).replace(b'"token_id:9707"', token, 1)], 2))
+    else:
+        whole = vllm_whole_answer(TWO_CHOICES).replace(b'"token_id:9707"', token, 1)
+        outcome = run(read([], 2, content_type="application/json", whole=whole))
     assert outcome.error is not None and "no token ids" in str(outcome.error)
     assert outcome.backend.failures == 1
 
