@@ -62,9 +62,10 @@ OBSERVATION = "$ pytest -q tests/test_parser.py\n" + "F.. assertion failed: head
 LEVELS = (1, 32, 256)
 FLEET_LEVELS = (32, 256)
 FLEET_INSTANCES = 2
-STREAM_COST_LEVELS = {1: 3, 32: 1}
+STREAM_COST_LEVELS = {1: 10, 32: 1}
 """Agents: rounds of their conversations per phase, in the cut-and-continue / when-asked comparison (one
-agent: each call's engine events are read one by one, none batched with another call's)."""
+agent: each call's engine events are read one by one, none batched with another call's; 100 calls a
+phase, as the kernel counts CPU in 10 ms ticks)."""
 STREAM_COST_PHASES = 3
 """Phases of each gateway, alternating, in the cut-and-continue / when-asked comparison (median of each)."""
 JSON_HEADERS = {"Content-Type": "application/json"}
