@@ -22,6 +22,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition
 
@@ -93,8 +94,13 @@ def produce_per_call(producer: Producer, topic: str, values: list[tuple[bytes, b
     def call(key: bytes, value: bytes) -> None:
         acked = threading.Event()
         errors: list = []
-        producer.produce(topic, key=key, value=value,
-                         on_delivery=lambda err, _message: (errors.append(err) if err else None, acked.set()))
+
+        def report(err: Any, _message: Any) -> None:
+            if err is not None:
+                errors.append(err)
+            acked.set()
+
+        producer.produce(topic, key=key, value=value, on_delivery=report)
         if not acked.wait(60) or errors:
             raise RuntimeError(f"raw baseline: a call was not acknowledged: {errors or 'no report in 60 s'}")
 

@@ -294,12 +294,11 @@ def targets(result: dict) -> list[Target]:
                      f"{fleet[agents]['gateway_rps'] / levels[agents]['gateway_rps']:.3f}x "
                      f"({fleet[agents]['gateway_rps']:.1f} vs {levels[agents]['gateway_rps']:.1f} req/s)",
                      fleet[agents]["gateway_rps"] > levels[agents]["gateway_rps"]) for agents in FLEET_LEVELS]
-    stream_checks = [stream_price(cost) for cost in result["stream_cost"]]
     checks = [
         ("gateway CPU per call at turn 10, 1 agent", "<= 2 ms", f"{turn_10:.2f} ms", turn_10 <= 2.0),
         *((f"gateway CPU per call at {agents} agents (turns 1-10)", "<= 2 ms",
            f"{gateway_cpu(levels[agents]):.2f} ms", gateway_cpu(levels[agents]) <= 2.0) for agents in LEVELS),
-        *stream_checks,
+        *(stream_price(cost) for cost in result["stream_cost"]),
         ("added p50 at 1 agent", f"<= produce p50 + 2 ms = {produce + 2:.2f} ms", f"{added:.2f} ms",
          added <= produce + 2.0),
         ("throughput at 32 agents / direct", ">= 0.8x", f"{levels[32]['throughput_ratio']:.3f}x",
