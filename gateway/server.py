@@ -25,6 +25,7 @@ from trajbus.gateway.errors import bad_request
 from trajbus.gateway.fleet import GatewayFleet
 from trajbus.gateway.service import GatewayService
 from trajbus.infra import ray_exit
+from trajbus.infra.collector import tune_for_serving
 from trajbus.infra.kafka_config import KafkaConfigError, apply_connection_arguments
 from trajbus.infra.logs import configure_logging
 
@@ -122,6 +123,7 @@ def serve(settings: GatewaySettings, sockets: list[socket.socket] | None = None)
                             access_log=False, timeout_graceful_shutdown=settings.drain_timeout, loop="uvloop",
                             http=JsonErrorProtocol)
     server = DrainingServer(config, app.state.service, settings.drain_delay)
+    tune_for_serving()  # the app is built: its objects are frozen, the collector set for the calls' lists
     app.state.service.stop_serving = lambda: setattr(server, "should_exit", True)  # graceful, as on SIGTERM
     server.run(sockets=sockets)
     fatal = app.state.service.fatal
