@@ -312,6 +312,10 @@ class FakeContent:
             await asyncio.get_running_loop().create_future()
         return b""
 
+    def at_eof(self) -> bool:
+        """aiohttp's: the body ended and every byte was read."""
+        return not self.reads and not self.hang
+
 
 class FakeResponse:
     def __init__(self, reads: list[bytes] = (), content_type: str = "text/event-stream", hang: bool = False,
