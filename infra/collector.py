@@ -1,14 +1,14 @@
 """Python's cycle collector, set for a long-running server that holds token ids as Python lists.
 
 A gateway call holds an 8k-id prompt list while it waits on the engine, and every open trajectory keeps
-its context ids. CPython's default thresholds (700, 10, 10) run a young collection every 700 new
-containers, and each one walks those lists element by element again; every few seconds a full one walks
-every trajectory's ids. Measured in the gateway at 256 agents (``benchmarks.gateway_bench``'s
-conversations, a ``gc.callbacks`` probe, about 5.5k calls a setting): the defaults spent **0.9 ms of the
-event loop per call** in the collector, with a longest pause of 429 ms (a full collection); the
-thresholds below 0.11 ms per call and 105 ms. Almost everything a call allocates is freed by reference
-counting before a young collection at 20,000 comes, so it collects the few cycles (asyncio's tasks and
-exceptions) all the same. Freezing the objects built before serving (about 140k: the tokenizer,
+its context ids. CPython's default thresholds (700, 10, 10) run a young collection each time 700 more
+containers are alive than at the last, and each one walks those lists element by element again; every few
+seconds a full one walks every trajectory's ids. Measured in the gateway at 256 agents (``benchmarks.gateway_bench``'s
+conversations, a ``gc.callbacks`` probe, 5-8k calls a setting): the defaults spent **1.4 ms of the
+event loop per call** in the collector, its full collections 216 ms each on average; the thresholds
+below 0.11 ms per call, the longest pause 105 ms. Most of what a call allocates is freed by reference
+counting and never counts towards the 20,000; the young collections that still come free the few cycles
+(asyncio's tasks and exceptions). Freezing the objects built before serving (about 140k: the tokenizer,
 transformers, the app) keeps full collections off them.
 """
 
