@@ -21,10 +21,12 @@ the same run. Then the 32 and 256 agent levels through two instances (`trajbus g
 and the price of cut-and-continue: 1 agent and 32 agents through the gateway and through one that
 reads a non-streaming agent's answer as one JSON answer (``--engine-streaming when-asked``), three
 phases each, alternating, medians compared, before the levels (so both gateways have served the same
-calls). Last, the targets (issues 25 and 31) with the figures of this run and whether each is met.
+calls). Then every level through the libraries' floor (``benchmarks.library_floor``: the same calls through
+the same libraries with no trajbus code), the least a call can cost on this machine. Last, the targets
+(issues 25 and 31) with the figures of this run and whether each is met.
 
 Uses TRAJBUS_BOOTSTRAP_SERVERS when set, else a throw-away embedded broker.
-Prints five tables and writes benchmarks/results/gateway.json.
+Prints six tables and writes benchmarks/results/gateway.json.
 """
 
 from __future__ import annotations
@@ -45,23 +47,19 @@ import orjson
 
 from benchmarks.assembly_bench import RESULTS, percentile
 from benchmarks.cpu_meter import CpuMeter
-from benchmarks.targets import Target, print_targets
+from benchmarks.gateway_report import gateway_cpu, print_tables, targets
+from benchmarks.gateway_workload import (FLEET_INSTANCES, FLEET_LEVELS, LEVELS, REPLY, TURN_CONVERSATIONS, TURNS,
+                                         conversation, engine_prompts)
+from benchmarks.library_floor import floor_process
+from benchmarks.targets import print_targets
 from trajbus.gateway.backends import KEEPALIVE_SECONDS, request_body
 from trajbus.infra import tiny_model
 from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.infra.local import free_ports
 from trajbus.pipelines.processes import ServiceProcess, free_port, gateway_process, scripted_engine_process, wait_http
-from trajbus.pipelines.tables import print_table
 from trajbus.streams.client.producer import StepProducer
 from trajbus.streams.wire.records import Step
 
-TURNS = 10
-REPLY = ("Checked the file; the failing assertion compares the parsed header against the raw bytes, so "
-         "the fix is to decode first. Next I will run the tests again and read the output. " * 2)[:300]
-OBSERVATION = "$ pytest -q tests/test_parser.py\n" + "F.. assertion failed: header mismatch at offset 42\n" * 14
-LEVELS = (1, 32, 256)
-FLEET_LEVELS = (32, 256)
-FLEET_INSTANCES = 2
 STREAM_COST_LEVELS = {1: 10, 32: 1}
 """Agents: rounds of their conversations per phase, in the cut-and-continue / when-asked comparison (one
 agent: each call's engine events are read one by one, none batched with another call's; 100 calls a
@@ -69,43 +67,8 @@ phase, as the kernel counts CPU in 10 ms ticks)."""
 STREAM_COST_PHASES = 3
 """Phases of each gateway, alternating, in the cut-and-continue / when-asked comparison (median of each)."""
 JSON_HEADERS = {"Content-Type": "application/json"}
-TURN_CONVERSATIONS = 100
-"""Conversations of the per-turn CPU phase: each turn's phase is this many calls (the kernel counts
-CPU in 10 ms ticks, so a per-call figure is exact to 0.1 ms at 100 calls, to 0.25 ms at 40)."""
 PRODUCE_SAMPLES = 100
-
-
-def conversation() -> list[list[dict]]:
-    """The messages each turn sends (each reply being what the scripted engine answers)."""
-    messages: list[dict] = [{"role": "system", "content": "You are a coding agent."}]
-    turns = []
-    for turn in range(TURNS):
-        messages = messages + [{"role": "user", "content": f"Turn {turn}.\n{OBSERVATION}"}]
-        turns.append(messages)
-        messages = messages + [{"role": "assistant", "content": REPLY}]
-    return turns
-
-
-def engine_prompts(model_dir: Path, turns: list[list[dict]]) -> tuple[list[list[int]], list[int]]:
-    """The prompt ids the gateway sends the engine at each turn (for the direct baseline), and the
-    reply's ids."""
-    from transformers import AutoTokenizer
-
-    from trajbus.gateway.conversation import PromptBuilder
-    from trajbus.infra.scripted_engine import noncanonical_ids
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    builder, reply = PromptBuilder(tokenizer), noncanonical_ids(tokenizer, REPLY) + [tokenizer.eos_token_id]
-    prompts, said, context = [], None, None
-    for messages in turns:
-        prompts.append(builder.build(messages, None, said, context).ids)
-        said, context = messages + [{"role": "assistant", "content": REPLY}], prompts[-1] + reply
-    return prompts, reply
-
-
 Call = Callable[[aiohttp.ClientSession, int, int], Awaitable[bytes]]
-PROCESSES = ("gateway", "engine", "broker", "client")
-"""Whose CPU a phase reports (the broker only when this benchmark started it)."""
 
 
 async def post(client: aiohttp.ClientSession, url: str, body: bytes) -> bytes:
@@ -198,8 +161,8 @@ async def turn_costs(client: aiohttp.ClientSession, engine: str, gateway: str, t
         entry = {"turn": turn + 1, "prompt_tokens": len(prompts[turn])}
         for path, call in (("direct", direct), ("gateway", via)):
             before = meter.snapshot()
-            for conversation in range(TURN_CONVERSATIONS):
-                await call(client, conversation, turn)
+            for index in range(TURN_CONVERSATIONS):
+                await call(client, index, turn)
             entry[path] = meter.since(before).summary(TURN_CONVERSATIONS)
         costs.append(entry)
     turn_10 = costs[-1]["gateway"]["cpu_ms_per_call"]["gateway"]
@@ -207,17 +170,19 @@ async def turn_costs(client: aiohttp.ClientSession, engine: str, gateway: str, t
     return costs
 
 
-async def measure(engine: str, gateway: str, rendering: str, fleet: list[str], when_asked: str,
-                  turns: list[list[dict]], prompts: list[list[int]], meters: dict[str, CpuMeter]) -> dict:
+async def measure(engine: str, gateways: dict[str, list[str]], turns: list[list[dict]], prompts: list[list[int]],
+                  meters: dict[str, CpuMeter]) -> dict:
     """Every level through the gateway; then one agent through a gateway that re-renders every call
     (``--multi-turn render``), to show what cumulative prompts save per turn; then the fleet levels
-    through two instances (``--instances 2``), trajectories opened at each in turn. Before the levels,
-    the price of cut-and-continue against ``--engine-streaming when-asked`` (``compare_streaming``)."""
+    through two instances (``--instances 2``), trajectories opened at each in turn; last, every level
+    through the libraries' floor (``benchmarks.library_floor``). Before the levels, the price of
+    cut-and-continue against ``--engine-streaming when-asked`` (``compare_streaming``)."""
     connector = aiohttp.TCPConnector(limit=600, keepalive_timeout=KEEPALIVE_SECONDS)
+    (gateway,), (rendering,), (when_asked,) = gateways["single"], gateways["render"], gateways["when-asked"]
     meter = meters["single"]
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as client:
-        for urls in ([gateway], [rendering], fleet, [when_asked]):
-            await level(client, engine, urls, 1, 2, turns, prompts, meter)  # warm-up, not reported
+        for name, urls in gateways.items():
+            await level(client, engine, urls, 1, 2, turns, prompts, meters[name])  # warm-up, not reported
         stream_cost = await compare_streaming(client, engine, gateway, when_asked, turns, prompts, meters)
         _, rendered = await level(client, engine, [rendering], 1, 10, turns, prompts, meter)
         turn_cpu = await turn_costs(client, engine, gateway, turns, prompts, meter)
@@ -227,12 +192,15 @@ async def measure(engine: str, gateway: str, rendering: str, fleet: list[str], w
                                          meter)
             rows.append(row)
             per_turn = per_turn or turn_rows  # per turn: the single agent, undisturbed
-        fleet_rows = [(await level(client, engine, fleet, agents, 1, turns, prompts, meters["fleet"]))[0]
+        fleet_rows = [(await level(client, engine, gateways["fleet"], agents, 1, turns, prompts, meters["fleet"]))[0]
                       for agents in FLEET_LEVELS]
+        floor_rows = [(await level(client, engine, gateways["floor"], agents, 10 if agents == 1 else 1, turns, prompts,
+                                   meters["floor"]))[0] for agents in LEVELS]
     for entry, other, cpu in zip(per_turn, rendered, turn_cpu):
         entry["render_added_p50_ms"] = other["added_p50_ms"]
         entry["cpu"] = {"direct": cpu["direct"], "gateway": cpu["gateway"]}
-    return {"levels": rows, "per_turn": per_turn, "fleet": fleet_rows, "stream_cost": stream_cost}
+    return {"levels": rows, "per_turn": per_turn, "fleet": fleet_rows, "stream_cost": stream_cost,
+            "library_floor": floor_rows}
 
 
 async def compare_streaming(client: aiohttp.ClientSession, engine: str, gateway: str, when_asked: str,
@@ -271,105 +239,6 @@ def produce_latency(bootstrap: str, prompt: list[int], reply: list[int]) -> dict
             "p50_ms": 1000 * statistics.median(latencies), "p99_ms": 1000 * percentile(latencies, 0.99)}
 
 
-def gateway_cpu(row: dict) -> float:
-    """The gateway's CPU ms per call of a level's calls through it."""
-    return row["cpu"]["gateway"]["cpu_ms_per_call"]["gateway"]
-
-
-def stream_price(cost: dict) -> tuple:
-    """Issue 31's bound on cut-and-continue's price at one level of ``compare_streaming``."""
-    streamed, unstreamed = cost["median_ms"]["always"], cost["median_ms"]["when-asked"]
-    return (f"cut-and-continue / when-asked, gateway CPU at {cost['agents']} agent(s) (medians)", "<= 1.2x",
-            f"{streamed / unstreamed:.3f}x ({streamed:.2f} vs {unstreamed:.2f} ms)", streamed <= 1.2 * unstreamed)
-
-
-def targets(result: dict) -> list[Target]:
-    """Issues 25's and 31's targets, each with the measured figure and whether it is met (compared unrounded)."""
-    levels = {row["agents"]: row for row in result["levels"]}
-    turn_10 = gateway_cpu(next(t for t in result["per_turn"] if t["turn"] == TURNS))
-    produce, added = result["produce"]["p50_ms"], levels[1]["added_p50_ms"]
-    rps_32, rps_256 = levels[32]["gateway_rps"], levels[256]["gateway_rps"]
-    fleet = {row["agents"]: row for row in result["fleet"]}
-    fleet_checks = [(f"{FLEET_INSTANCES} instances / 1 at {agents} agents", "> 1.0x",
-                     f"{fleet[agents]['gateway_rps'] / levels[agents]['gateway_rps']:.3f}x "
-                     f"({fleet[agents]['gateway_rps']:.1f} vs {levels[agents]['gateway_rps']:.1f} req/s)",
-                     fleet[agents]["gateway_rps"] > levels[agents]["gateway_rps"]) for agents in FLEET_LEVELS]
-    checks = [
-        ("gateway CPU per call at turn 10, 1 agent", "<= 2 ms", f"{turn_10:.2f} ms", turn_10 <= 2.0),
-        *((f"gateway CPU per call at {agents} agents (turns 1-10)", "<= 2 ms",
-           f"{gateway_cpu(levels[agents]):.2f} ms", gateway_cpu(levels[agents]) <= 2.0) for agents in LEVELS),
-        *(stream_price(cost) for cost in result["stream_cost"]),
-        ("added p50 at 1 agent", f"<= produce p50 + 2 ms = {produce + 2:.2f} ms", f"{added:.2f} ms",
-         added <= produce + 2.0),
-        ("throughput at 32 agents / direct", ">= 0.8x", f"{levels[32]['throughput_ratio']:.3f}x",
-         levels[32]["throughput_ratio"] >= 0.8),
-        ("throughput at 256 agents / direct", ">= 0.8x", f"{levels[256]['throughput_ratio']:.3f}x",
-         levels[256]["throughput_ratio"] >= 0.8),
-        ("throughput at 256 agents / at 32", ">= 1.0x",
-         f"{rps_256 / rps_32:.3f}x ({rps_256:.1f} vs {rps_32:.1f} req/s; "
-         f"the engine called directly: {levels[256]['direct_rps'] / levels[32]['direct_rps']:.3f}x)",
-         rps_256 >= rps_32),
-        *fleet_checks,
-    ]
-    return [Target(*check) for check in checks]
-
-
-def _ms(figures: dict[str, float], name: str) -> str:
-    return f"{figures[name]:.2f} ms" if name in figures else "-"
-
-
-def cpu_cells(summary: dict, rate: bool = False) -> list[str]:
-    """(The phase's calls per second,) CPU ms per call of each process, their sum, and the cores they and
-    the whole machine kept busy."""
-    ms, cores = summary["cpu_ms_per_call"], summary["cores"]
-    return [*([f"{summary['calls'] / summary['wall_s']:.1f}"] if rate else []),
-            *(_ms(ms, name) for name in PROCESSES), f"{sum(ms.values()):.2f} ms",
-            f"{sum(v for k, v in cores.items() if k != 'machine'):.2f}", f"{cores['machine']:.2f}"]
-
-
-def print_tables(result: dict) -> None:
-    print_table(["agents", "requests", "direct p50", "direct p99", "direct req/s", "gateway p50", "gateway p99",
-                 "gateway req/s", "added p50", "added p99", "ratio"],
-                [[r["agents"], r["requests"], f"{r['direct_p50_ms']:.2f} ms", f"{r['direct_p99_ms']:.0f} ms",
-                  f"{r['direct_rps']:.1f}", f"{r['gateway_p50_ms']:.2f} ms", f"{r['gateway_p99_ms']:.0f} ms",
-                  f"{r['gateway_rps']:.1f}", f"{r['added_p50_ms']:.2f} ms", f"{r['added_p99_ms']:.0f} ms",
-                  f"{r['throughput_ratio']:.2f}x"] for r in result["levels"]])
-    print()
-    print_table(["agents", "instances", "gateway req/s", "gateway p50", "gateway p99", "gateway CPU/call",
-                 "cores (machine)", "1 instance req/s"],
-                [[r["agents"], FLEET_INSTANCES, f"{r['gateway_rps']:.1f}", f"{r['gateway_p50_ms']:.2f} ms",
-                  f"{r['gateway_p99_ms']:.0f} ms", _ms(r["cpu"]["gateway"]["cpu_ms_per_call"], "gateway"),
-                  f"{r['cpu']['gateway']['cores']['machine']:.2f}",
-                  f"{next(x for x in result['levels'] if x['agents'] == r['agents'])['gateway_rps']:.1f}"]
-                 for r in result["fleet"]],
-                title=f"{FLEET_INSTANCES} gateway instances (trajbus gateway --instances {FLEET_INSTANCES}), "
-                      "trajectories opened at each in turn")
-    print()
-    cpu_columns = [f"{name} CPU/call" for name in PROCESSES] + ["sum CPU/call", "cores (these)", "cores (machine)"]
-    print_table(["agents", "path", "calls", "req/s", *cpu_columns],
-                [[r["agents"], path, r["cpu"][path]["calls"], *cpu_cells(r["cpu"][path], rate=True)]
-                 for r in result["levels"] for path in ("direct", "gateway")],
-                title="CPU per call by process (user + system, the kernel's accounting), per concurrency")
-    print()
-    print_table(["turn", "prompt tokens", "direct p50", "gateway p50", "added p50", "added p50, --multi-turn render",
-                 *(f"{name} CPU/call" for name in PROCESSES), "direct: engine CPU/call", "direct: client CPU/call"],
-                [[t["turn"], t["prompt_tokens"], f"{t['direct_p50_ms']:.2f} ms", f"{t['gateway_p50_ms']:.2f} ms",
-                  f"{t['added_p50_ms']:.2f} ms", f"{t['render_added_p50_ms']:.2f} ms",
-                  *(_ms(t["cpu"]["gateway"]["cpu_ms_per_call"], name) for name in PROCESSES),
-                  _ms(t["cpu"]["direct"]["cpu_ms_per_call"], "engine"),
-                  _ms(t["cpu"]["direct"]["cpu_ms_per_call"], "client")] for t in result["per_turn"]],
-                title=f"1 agent, by turn number (CPU: {TURN_CONVERSATIONS} calls per turn, one at a time)")
-    produce, one = result["produce"], result["levels"][0]
-    print(f"\nacknowledged produce of one {produce['tokens']}-token step, one at a time: "
-          f"p50 {produce['p50_ms']:.2f} ms, p99 {produce['p99_ms']:.2f} ms; "
-          f"the gateway's added p50 at 1 agent: {one['added_p50_ms']:.2f} ms")
-    for cost in result["stream_cost"]:
-        phases = cost["phases_ms"]
-        print(f"gateway CPU per call at {cost['agents']} agent(s), phases alternating: streamed (cut-and-continue) "
-              f"{' '.join(f'{v:.2f}' for v in phases['always'])} ms, --engine-streaming when-asked "
-              f"{' '.join(f'{v:.2f}' for v in phases['when-asked'])} ms")
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gateway_bench", description=__doc__.split("\n")[0])
     parser.parse_args(argv)
@@ -385,11 +254,11 @@ def main(argv: list[str] | None = None) -> dict:
         model = tiny_model.build()
         turns = conversation()
         prompts, reply = engine_prompts(model, turns)
-        engine_port, gateway_port, rendering_port, when_asked_port = (free_port() for _ in range(4))
+        engine_port, gateway_port, rendering_port, when_asked_port, floor_port = (free_port() for _ in range(5))
         fleet_port = free_ports(FLEET_INSTANCES + 1)
         engine = scripted_engine_process(engine_port, workdir, model, [REPLY]).start()
         processes.append(engine)
-        for port, name, flags in ((gateway_port, "cumulative", []),
+        for port, name, flags in ((gateway_port, "single", []),
                                   (rendering_port, "render", ["--multi-turn", "render"]),
                                   (fleet_port, "fleet", ["--instances", str(FLEET_INSTANCES)]),
                                   (when_asked_port, "when-asked", ["--engine-streaming", "when-asked"])):
@@ -397,18 +266,23 @@ def main(argv: list[str] | None = None) -> dict:
                 bootstrap, f"bench-{uuid.uuid4().hex[:6]}", [f"127.0.0.1:{engine_port}"], model, port,
                 workdir / f"gateway-state-{name}", workdir / f"gateway-{name}.log",
                 ["--prompt-length", "16384", "--response-length", "512", *flags]).start())
-        fleet = [f"http://127.0.0.1:{fleet_port + 1 + i}" for i in range(FLEET_INSTANCES)]
-        urls = [f"http://127.0.0.1:{port}" for port in (gateway_port, rendering_port, when_asked_port)]
-        for url in [*urls, *fleet]:
-            wait_http(f"{url}/ready", 120)
+        (workdir / "prompts.json").write_bytes(orjson.dumps(prompts))
+        processes.append(floor_process(floor_port, f"127.0.0.1:{engine_port}", bootstrap, workdir / "prompts.json",
+                                       workdir / "library-floor.log").start())
+        gateways = {name: [f"http://127.0.0.1:{port}"] for name, port in
+                    (("single", gateway_port), ("render", rendering_port), ("when-asked", when_asked_port),
+                     ("floor", floor_port))}
+        gateways["fleet"] = [f"http://127.0.0.1:{fleet_port + 1 + i}" for i in range(FLEET_INSTANCES)]
+        for urls in gateways.values():
+            for url in urls:
+                wait_http(f"{url}/ready", 120)
         wait_http(f"http://127.0.0.1:{engine_port}/health", 120, engine)
         shared = {**pids, "engine": engine.pid}
         meters = {name: CpuMeter({**shared, "gateway": process.pid})  # the fleet's instances: its descendants
-                  for name, process in zip(("single", "render", "fleet", "when-asked"), processes[1:])}
+                  for name, process in zip(("single", "render", "fleet", "when-asked", "floor"), processes[1:])}
         print(f"\ngateway: {TURNS}-turn conversations growing to {len(prompts[-1])} prompt tokens, "
               f"{len(REPLY)}-token replies from an instant engine; direct vs through the gateway")
-        result = asyncio.run(measure(f"127.0.0.1:{engine_port}", urls[0], urls[1], fleet, urls[2], turns, prompts,
-                                     meters))
+        result = asyncio.run(measure(f"127.0.0.1:{engine_port}", gateways, turns, prompts, meters))
         result["produce"] = produce_latency(bootstrap, prompts[-1], reply)
     finally:
         for process in reversed(processes):

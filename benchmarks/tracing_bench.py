@@ -27,7 +27,8 @@ import aiohttp
 
 from benchmarks.assembly_bench import RESULTS
 from benchmarks.cpu_meter import CpuMeter
-from benchmarks.gateway_bench import REPLY, TURNS, calls, conversation, engine_prompts, open_trajectories, run
+from benchmarks.gateway_bench import calls, open_trajectories, run
+from benchmarks.gateway_workload import REPLY, TURNS, conversation, engine_prompts
 from trajbus.gateway.backends import KEEPALIVE_SECONDS
 from trajbus.infra import tiny_model
 from trajbus.infra.kafka_broker import EmbeddedKafka
