@@ -6,9 +6,10 @@ call it does only what no gateway of this design can skip: the agent's request r
 with httptools and uvloop, Starlette, orjson), the engine called with the turn's prompt ids, streamed at
 the gateway's default ``--engine-stream-interval`` and parsed event by event (aiohttp, orjson), one record
 of the new tokens and their log-probs acknowledged by Kafka (confluent-kafka, ``acks=all``, the gateway's
-producer settings, delivery reports served by a poll thread), and a small JSON answer. It leaves out
-what trajbus adds: tokenizing the new messages, checking the request, the trajectory's state on disk,
-the Step's checks and prefix encoding, metrics.
+producer settings, delivery reports served by a poll thread), and a small JSON answer; Python's collector
+is set as the gateway sets it (``infra.collector``). It leaves out what trajbus adds: tokenizing the new
+messages, checking the request, the trajectory's state on disk, the Step's checks and prefix encoding,
+metrics.
 
 Run as ``python -m benchmarks.library_floor --port P --engine HOST:PORT --bootstrap-servers S --prompts F``
 (``floor_process``); it answers ``/init_trajectory`` and ``{base_url}/chat/completions`` as the gateway
@@ -35,6 +36,7 @@ from starlette.routing import Route
 
 from trajbus.gateway.config import GatewaySettings
 from trajbus.infra.clients import acked_producer
+from trajbus.infra.collector import tune_for_serving
 from trajbus.infra.topics import TopicSpec, ensure_topics
 from trajbus.pipelines.processes import ServiceProcess
 
@@ -139,7 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     ensure_topics(args.bootstrap_servers, [TopicSpec(TOPIC, 1)])
     floor = FloorGateway(args.port, args.engine, args.bootstrap_servers, orjson.loads(args.prompts.read_bytes()))
-    uvicorn.run(floor.app(), host="127.0.0.1", port=args.port, loop="uvloop", http="httptools",
+    app = floor.app()
+    tune_for_serving()  # as the gateway does: the floor pays no collector time the gateway does not
+    uvicorn.run(app, host="127.0.0.1", port=args.port, loop="uvloop", http="httptools",
                 log_level="warning", access_log=False)
 
 
