@@ -184,7 +184,7 @@ async def measure(engine: str, gateways: dict[str, list[str]], turns: list[list[
         for name, urls in gateways.items():
             await level(client, engine, urls, 1, 2, turns, prompts, meters[name])  # warm-up, not reported
         stream_cost = await compare_streaming(client, engine, gateway, when_asked, turns, prompts, meters)
-        _, rendered = await level(client, engine, [rendering], 1, 10, turns, prompts, meter)
+        _, rendered = await level(client, engine, [rendering], 1, 10, turns, prompts, meters["render"])
         turn_cpu = await turn_costs(client, engine, gateway, turns, prompts, meter)
         rows, per_turn = [], []
         for agents in LEVELS:
