@@ -40,7 +40,8 @@ def targets(result: dict) -> list[Target]:
         ("added p50 at 1 agent", f"<= produce p50 + 2 ms = {produce + 2:.2f} ms",
          f"{added:.2f} ms (the libraries' floor: {floors[1]['added_p50_ms']:.2f} ms)", added <= produce + 2.0),
         *((f"throughput at {agents} agents / direct", ">= 0.8x",
-           f"{levels[agents]['throughput_ratio']:.3f}x (the libraries' floor: {floors[agents]['throughput_ratio']:.3f}x)",
+           f"{levels[agents]['throughput_ratio']:.3f}x "
+           f"(the libraries' floor: {floors[agents]['throughput_ratio']:.3f}x)",
            levels[agents]["throughput_ratio"] >= 0.8) for agents in (32, 256)),
         ("throughput at 256 agents / at 32", ">= 1.0x",
          f"{rps_256 / rps_32:.3f}x ({rps_256:.1f} vs {rps_32:.1f} req/s; "

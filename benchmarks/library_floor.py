@@ -120,7 +120,8 @@ class FloorGateway:
         async def ready(_request: Request) -> Response:
             return Response(b"ok")
 
-        return Starlette(routes=[Route("/ready", ready), Route("/init_trajectory", self.init_trajectory, methods=["POST"]),
+        return Starlette(routes=[Route("/ready", ready),
+                                 Route("/init_trajectory", self.init_trajectory, methods=["POST"]),
                                  Route("/t/p/v1/chat/completions", self.chat, methods=["POST"])],
                          lifespan=self.lifespan)
 

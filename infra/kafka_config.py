@@ -143,27 +143,48 @@ def redacted(properties: dict[str, Any]) -> dict[str, Any]:
             for key, value in properties.items()}
 
 
+def _ssl_context(properties: Mapping[str, str]) -> ssl.SSLContext | None:
+    """The TLS context the librdkafka properties describe (None without TLS), for the pure-Python clients."""
+    if not properties.get("security.protocol", "PLAINTEXT").upper().endswith("SSL"):
+        return None
+    context = ssl.create_default_context(cafile=properties.get("ssl.ca.location"))
+    if properties.get("ssl.certificate.location"):
+        context.load_cert_chain(properties["ssl.certificate.location"], properties.get("ssl.key.location"),
+                                properties.get("ssl.key.password"))
+    if properties.get("ssl.endpoint.identification.algorithm", "https").lower() == "none":
+        context.check_hostname = False
+    return context
+
+
+def _sasl_mechanism(properties: Mapping[str, str], client: str) -> str:
+    mechanism = properties.get("sasl.mechanism", properties.get("sasl.mechanisms", "GSSAPI")).upper()
+    if mechanism not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+        raise KafkaConfigError(f"sasl.mechanism: {client} supports PLAIN and SCRAM here, not {mechanism}")
+    return mechanism
+
+
 def faust_credentials(properties: dict[str, str] | None = None) -> Any:
     """aiokafka credentials for the Faust worker (None for PLAINTEXT)."""
     import faust
 
     properties = connection_properties() if properties is None else properties
-    protocol = properties.get("security.protocol", "PLAINTEXT").upper()
-    context = None
-    if protocol.endswith("SSL"):
-        context = ssl.create_default_context(cafile=properties.get("ssl.ca.location"))
-        if properties.get("ssl.certificate.location"):
-            context.load_cert_chain(properties["ssl.certificate.location"], properties.get("ssl.key.location"),
-                                    properties.get("ssl.key.password"))
-        if properties.get("ssl.endpoint.identification.algorithm", "https").lower() == "none":
-            context.check_hostname = False
-    if not protocol.startswith("SASL"):
+    context = _ssl_context(properties)
+    if not properties.get("security.protocol", "PLAINTEXT").upper().startswith("SASL"):
         return faust.SSLCredentials(context) if context is not None else None
-    mechanism = properties.get("sasl.mechanism", properties.get("sasl.mechanisms", "GSSAPI")).upper()
-    if mechanism not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
-        raise KafkaConfigError(f"sasl.mechanism: the worker (aiokafka) supports PLAIN and SCRAM here, not {mechanism}")
     return faust.SASLCredentials(username=properties["sasl.username"], password=properties["sasl.password"],
-                                 mechanism=mechanism, ssl_context=context)
+                                 mechanism=_sasl_mechanism(properties, "the worker (aiokafka)"), ssl_context=context)
+
+
+def kafka_python_settings(properties: dict[str, str] | None = None) -> dict[str, Any]:
+    """The connection as ``kafka-python`` client arguments (``security_protocol``, TLS context, SASL)."""
+    properties = connection_properties() if properties is None else properties
+    protocol = properties.get("security.protocol", "PLAINTEXT").upper()
+    settings: dict[str, Any] = {"security_protocol": protocol, "ssl_context": _ssl_context(properties)}
+    if protocol.startswith("SASL"):
+        settings.update(sasl_mechanism=_sasl_mechanism(properties, "kafka-python"),
+                        sasl_plain_username=properties["sasl.username"],
+                        sasl_plain_password=properties["sasl.password"])
+    return settings
 
 
 def _property(text: str) -> tuple[str, str]:

@@ -8,9 +8,12 @@ with and which partitions it holds. The first such line is the ready line: where
 (bootstrap servers, prefix, channels, group) and how long it rides through a Kafka outage.
 
 No look-up is made while Kafka is known to be away: the announcement waits for the outage's end.
-librdkafka aborts the whole process when a DescribeGroups request that timed out meets a broker
-coming back (``rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt > 0'``,
-confluentinc/librdkafka#4605): a rebalance during a broker restart killed the worker that way.
+The look-up is kafka-python's (pure Python), not librdkafka's: librdkafka aborts the whole process
+when a DescribeGroups request that timed out meets a broker coming back
+(``rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt > 0'``, confluentinc/librdkafka#4605).
+A rebalance during a broker restart killed the worker that way, twice: once before the outage check,
+and once after it, when the look-up began a moment before the outage was noticed (CI, five broker kills
+in a row). A pure-Python client's timed-out request is an exception, never an abort.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ import logging
 from typing import Any, Iterable
 
 import faust
+from kafka import KafkaAdminClient
 
+from trajbus.infra.kafka_config import kafka_python_settings
 from trajbus.infra.outage import cluster_outage
-from trajbus.infra.topics import admin_client
 from trajbus.streams.worker.assignment_watch import held_by_channel
 from trajbus.streams.worker.periodic import every
 
@@ -34,9 +38,16 @@ DESCRIBE_TIMEOUT = 2.0
 
 def group_size(bootstrap_servers: str, group_id: str, timeout: float = DESCRIBE_TIMEOUT) -> int:
     """How many members Kafka counts in ``group_id`` now."""
-    admin = admin_client(bootstrap_servers)  # held until the answer: a collected client cancels its requests
-    futures = admin.describe_consumer_groups([group_id], request_timeout=timeout)
-    return len(futures[group_id].result(timeout).members)
+    wait_ms = int(timeout * 1000)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","), client_id="trajbus-worker-membership",
+                             request_timeout_ms=wait_ms, bootstrap_timeout_ms=wait_ms, **kafka_python_settings())
+    try:
+        group = admin.describe_groups([group_id])[group_id]
+    finally:
+        admin.close()
+    if group.get("error"):
+        raise RuntimeError(group["error"])
+    return len(group["members"])
 
 
 def spans(partitions: Iterable[int]) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from trajbus.infra.clients import client_config
 from trajbus.infra.kafka_config import (KafkaConfigError, configure, faust_credentials, from_environment,
-                                        read_properties_file, redacted)
+                                        kafka_python_settings, read_properties_file, redacted)
 from trajbus.pipelines import cli
 
 SCRAM = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "trainer",
@@ -44,6 +44,17 @@ def test_every_client_gets_the_connection_and_keeps_its_own_settings():
     assert (credentials.username, credentials.password, credentials.mechanism.value) == ("trainer", "s3cret",
                                                                                         "SCRAM-SHA-256")
     assert "s3cret" not in repr(credentials)
+    assert kafka_python_settings() == {"security_protocol": "SASL_PLAINTEXT", "ssl_context": None,
+                                       "sasl_mechanism": "SCRAM-SHA-256", "sasl_plain_username": "trainer",
+                                       "sasl_plain_password": "s3cret"}
+
+
+def test_the_pure_python_clients_get_the_same_connection():
+    assert kafka_python_settings({}) == {"security_protocol": "PLAINTEXT", "ssl_context": None}
+    tls = kafka_python_settings({"security.protocol": "SSL", "ssl.endpoint.identification.algorithm": "none"})
+    assert tls["security_protocol"] == "SSL" and tls["ssl_context"].check_hostname is False
+    with pytest.raises(KafkaConfigError, match="kafka-python supports PLAIN and SCRAM here, not GSSAPI"):
+        kafka_python_settings({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "GSSAPI"})
 
 
 @pytest.mark.parametrize("properties, says", [
