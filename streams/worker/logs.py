@@ -44,6 +44,11 @@ from trajbus.infra.topics import UnservedRead
 
 LIBRARIES = ("faust", "mode", "aiokafka", "kafka")
 """The worker's libraries: their loggers take ``--faust-loglevel``."""
+QUIET = ("kafka",)
+"""Libraries whose lines show only at ``--faust-loglevel DEBUG``. kafka-python serves only the group
+look-up (``membership.group_size``), whose failure the worker's own line reports ("its size unknown"):
+its connection errors when a broker goes away during a look-up, and its warning for every member that it
+cannot decode the member's metadata (Faust's assignor writes its own), are not news."""
 
 ROUTINE: dict[str, frozenset[str]] = {
     "aiokafka": frozenset({
@@ -123,7 +128,8 @@ def logging_config(library_level: str, level: int = logging.INFO) -> dict:
         "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line",
                                 "filters": ["routine", "repeats"]}},
         "root": {"level": level, "handlers": ["stderr"]},
-        "loggers": {name: {"level": library_level} for name in LIBRARIES},
+        "loggers": {name: {"level": "CRITICAL" if name in QUIET and library_level != "DEBUG" else library_level}
+                    for name in LIBRARIES},
     }
 
 

@@ -107,6 +107,8 @@ def test_the_worker_configuration_filters_the_handler_and_honours_trajbus_v():
     assert config["root"]["level"] == logging.DEBUG
     assert config["handlers"]["stderr"]["filters"][0] == "routine"
     assert config["filters"]["routine"]["level"] == "WARNING" and config["loggers"]["aiokafka"]["level"] == "WARNING"
+    assert config["loggers"]["kafka"]["level"] == "CRITICAL"  # the group look-up's client: its failure is ours to say
+    assert logging_config("debug")["loggers"]["kafka"]["level"] == "DEBUG"
 
 
 # -- periodic work: told once per streak, never overlapping ------------------------------------------------
