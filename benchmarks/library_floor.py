@@ -1,15 +1,15 @@
 """The libraries' floor: the least CPU a gateway call can cost on this machine with the gateway's own libraries.
 
-A stand-in gateway with no trajbus code on the call's path, measured in the same run as the real one
-(``gateway_bench``), so "<= 2 ms per call" can be read against what the parts underneath cost here. Per
+A stand-in gateway with no trajbus code on the call's path but the delivery plumbing, measured in the
+same run as the real one (``gateway_bench``), so "<= 2 ms per call" can be read against what the parts underneath cost here. Per
 call it does only what no gateway of this design can skip: the agent's request read and parsed (uvicorn
 with httptools and uvloop, Starlette, orjson), the engine called with the turn's prompt ids, streamed at
 the gateway's default ``--engine-stream-interval`` and parsed event by event (aiohttp, orjson), one record
-of the new tokens and their log-probs acknowledged by Kafka (confluent-kafka, ``acks=all``, the gateway's
-producer settings, delivery reports served by a poll thread), and a small JSON answer; Python's collector
-is set as the gateway sets it (``infra.collector``). It leaves out what trajbus adds: tokenizing the new
-messages, checking the request, the trajectory's state on disk, the Step's checks and prefix encoding,
-metrics.
+of the new tokens and their log-probs acknowledged by Kafka (confluent-kafka, ``acks=all``, the step
+producer's settings, its delivery reports served by trajbus's ``Poller`` as the gateway's are), and a small
+JSON answer; Python's collector is set as the gateway sets it (``infra.collector``). It leaves out what
+trajbus adds: tokenizing the new messages, checking the request, the trajectory's state on disk, the
+Step's checks and prefix encoding, metrics.
 
 Run as ``python -m benchmarks.library_floor --port P --engine HOST:PORT --bootstrap-servers S --prompts F``
 (``floor_process``); it answers ``/init_trajectory`` and ``{base_url}/chat/completions`` as the gateway
@@ -22,7 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import threading
+from functools import partial
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -39,14 +39,14 @@ from trajbus.infra.clients import acked_producer
 from trajbus.infra.collector import tune_for_serving
 from trajbus.infra.topics import TopicSpec, ensure_topics
 from trajbus.pipelines.processes import ServiceProcess
+from trajbus.streams.client.delivery import Acks, DeliveryError, Poller, resolve
+from trajbus.streams.client.producer import STEP_PRODUCER_SETTINGS
 
 TOPIC = "bench-library-floor"
 NEW_PROMPT_TOKENS = 500
 """Prompt ids a record carries beside the reply: about what a turn's new message adds (the gateway
 writes a step as a reference to its trajectory's previous one plus the new tokens)."""
 STREAM_INTERVAL = next(f.default for f in dataclasses.fields(GatewaySettings) if f.name == "engine_stream_interval")
-PRODUCER_SETTINGS = {"linger.ms": 0, "max.in.flight.requests.per.connection": 1, "compression.type": "lz4"}
-"""The gateway's ``StepProducer`` settings that bear on a call's cost."""
 
 
 def _turn(messages: list[Any]) -> int:
@@ -55,29 +55,22 @@ def _turn(messages: list[Any]) -> int:
 
 
 class FloorGateway:
-    """The stand-in's one route and the clients it owns (engine session, producer and its poll thread)."""
+    """The stand-in's one route and the clients it owns (engine session, producer and its delivery poller)."""
 
     def __init__(self, port: int, engine: str, bootstrap_servers: str, prompts: list[list[int]]) -> None:
         self.port, self.engine, self.prompts = port, engine, prompts
-        self.producer = acked_producer(bootstrap_servers, PRODUCER_SETTINGS)
+        self.producer = acked_producer(bootstrap_servers, STEP_PRODUCER_SETTINGS)
+        self.poller = Poller(self.producer)
         self.session: aiohttp.ClientSession | None = None
-        self._stopped = threading.Event()
-        self._poller = threading.Thread(target=self._poll, name="floor-delivery", daemon=True)
-
-    def _poll(self) -> None:
-        while not self._stopped.is_set():
-            self.producer.poll(0.1)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024))
-        self._poller.start()
         try:
             yield
         finally:
             await self.session.close()
-            self._stopped.set()
-            self._poller.join()
+            self.poller.stop()
             self.producer.flush(10)
 
     async def init_trajectory(self, _request: Request) -> Response:
@@ -105,16 +98,15 @@ class FloorGateway:
             media_type="application/json")
 
     async def _acknowledged(self, record: bytes) -> None:
+        """One produce, awaited as ``RecordSender.publish_async`` awaits a call's records."""
         loop = asyncio.get_running_loop()
         settled = loop.create_future()
-
-        def delivered(error: Any, _message: Any) -> None:
-            loop.call_soon_threadsafe(settled.set_result, error)
-
-        self.producer.produce(TOPIC, key=b"floor", value=record, on_delivery=delivered)
-        error = await settled
-        if error is not None:
-            raise RuntimeError(f"not acknowledged: {error}")
+        acks = Acks(1, partial(loop.call_soon_threadsafe, resolve, settled))
+        self.poller.track(acks)
+        self.producer.produce(TOPIC, key=b"floor", value=record, on_delivery=acks)
+        await settled
+        if acks.errors:
+            raise DeliveryError(f"not acknowledged: {acks.errors[0].str()}")
 
     def app(self) -> Starlette:
         async def ready(_request: Request) -> Response:
