@@ -1,15 +1,15 @@
 """The libraries' floor: the least CPU a gateway call can cost on this machine with the gateway's own libraries.
 
-A stand-in gateway with no trajbus code on the call's path but the delivery plumbing, measured in the
-same run as the real one (``gateway_bench``), so "<= 2 ms per call" can be read against what the parts underneath cost here. Per
-call it does only what no gateway of this design can skip: the agent's request read and parsed (uvicorn
-with httptools and uvloop, Starlette, orjson), the engine called with the turn's prompt ids, streamed at
-the gateway's default ``--engine-stream-interval`` and parsed event by event (aiohttp, orjson), one record
+A stand-in gateway with no trajbus code on the call's path but the delivery plumbing, measured in the same run
+as the real one (``gateway_bench``), so "<= 2 ms per call" can be read against what the parts underneath cost
+here. Per call it does only what no gateway of this design can skip: the agent's request read and parsed
+(uvicorn with httptools and uvloop, Starlette, orjson), the engine called with the turn's prompt ids, streamed
+at the gateway's default ``--engine-stream-interval`` and parsed event by event (aiohttp, orjson), one record
 of the new tokens and their log-probs acknowledged by Kafka (confluent-kafka, ``acks=all``, the step
 producer's settings, its delivery reports served by trajbus's ``Poller`` as the gateway's are), and a small
 JSON answer; Python's collector is set as the gateway sets it (``infra.collector``). It leaves out what
-trajbus adds: tokenizing the new messages, checking the request, the trajectory's state on disk, the
-Step's checks and prefix encoding, metrics.
+trajbus adds: tokenizing the new messages, checking the request, the trajectory's state on disk, the Step's
+checks and prefix encoding, metrics.
 
 Run as ``python -m benchmarks.library_floor --port P --engine HOST:PORT --bootstrap-servers S --prompts F``
 (``floor_process``); it answers ``/init_trajectory`` and ``{base_url}/chat/completions`` as the gateway
