@@ -40,6 +40,7 @@ _EXPORTS = {
     "GlobalDatasetManager": "trajbus.pipelines.global_dataset",
     "EnvManager": "trajbus.pipelines.env_manager",
     "KafkaTraceStore": "trajbus.consumers.rllm",
+    "VerlAgentLoopManager": "trajbus.pipelines.verl",
 }
 __all__ = sorted(_EXPORTS)
 

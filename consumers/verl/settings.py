@@ -1,7 +1,9 @@
-"""The settings of trajbus's verl queue, declared once: each is a ``TRAJBUS_VERL_<NAME>`` variable.
+"""The settings of trajbus inside verl, declared once: each is a ``TRAJBUS_VERL_<NAME>`` variable.
 
-verl's command line belongs to verl (hydra), so the queue is chosen and tuned by environment
-variables, which verl's Ray workers inherit from the launching shell on a local cluster (on a
+They serve both ways in: the fully-async trainer's queue (``queue``, ``topic``) and the V1 trainer's
+agent-loop manager (``pipelines.verl``: ``gateway_url``, ``agent``, ``agent_concurrency``,
+``val_channel``); ``prefix`` and ``channel`` mean the same to both. verl's command line belongs to verl
+(hydra), so trajbus is tuned by environment variables, which verl's Ray workers inherit from the launching shell on a local cluster (on a
 cluster started apart, pass them with ``+ray_kwargs.ray_init.runtime_env.env_vars``).
 """
 
@@ -12,11 +14,13 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from trajbus.infra.arguments import positive_int
 from trajbus.infra.declared import resolve, setting
 from trajbus.streams.wire.topics import DEFAULT_PREFIX, validate_channel, validate_prefix
 
 ENV_PREFIX = "TRAJBUS_VERL_"
 MODES = ("kafka", "groups")
+CALCULATOR_AGENT = "trajbus.pipelines.slime.agents.calculator_agent"
 
 
 @dataclass(frozen=True)
@@ -32,10 +36,22 @@ class VerlQueueSettings:
     channel: str = setting("train", help="groups mode: the channel whose ready groups are served")
     row_mode: str = setting("trajectory", choices=("trajectory", "step"), help=(
         "groups mode: one row per trajectory (multi-turn in one row) or per LLM call"))
+    val_channel: str = setting("val", help="V1: the channel validation prompts go through")
+    gateway_url: str | None = setting(None, help=(
+        "V1: the trajbus gateway the agents talk through (default: the manager starts one at verl's own "
+        "inference servers, and a stream worker for both channels)"))
+    gateway_api_key: str | None = setting(None, help="V1: that gateway's --api-key, when it has one")
+    agent: str = setting(CALCULATOR_AGENT, help=(
+        "V1: the agent run per rollout, agent(base_url, sample, sampling) -> reward or None (sample: .prompt "
+        "is verl's raw_prompt, .label the ground truth, .fields the prompt's fields)"))
+    agent_concurrency: int = setting(64, parse=positive_int, help="V1: agents run at once")
 
     def __post_init__(self) -> None:
         validate_prefix(self.prefix)
         validate_channel(self.channel)
+        validate_channel(self.val_channel)
+        if self.val_channel == self.channel:
+            raise ValueError(f"TRAJBUS_VERL_VAL_CHANNEL: {self.val_channel!r} is the training channel too")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "VerlQueueSettings":
