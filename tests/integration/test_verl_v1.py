@@ -9,7 +9,12 @@ TransferQueue are compared with what ``BatchConsumer.fetch_dataproto`` gives for
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +22,7 @@ from typing import Any, Iterator
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from trajbus.consumers import BatchConsumer
 from trajbus.consumers.backends import VerlBackend
@@ -27,10 +33,10 @@ from trajbus.pipelines.slime.harness import SAMPLE_INDEX
 from trajbus.pipelines.verl import VerlAgentLoopManager
 from trajbus.streams.client.producer import StepProducer
 from tests.helpers import wait_for
-from tests.verl_v1 import register, replay_buffer, verl_batch, verl_config
+from tests.verl_v1 import MANAGER, MANAGER_KEY, register, replay_buffer, verl_batch, verl_config
 
 ROOT = Path(__file__).resolve().parents[2]
-CHANNELS = ("v1train", "v1val", "v1fail")
+CHANNELS = ("v1train", "v1val", "v1fail", "v1crash", "v1async")
 TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'
 REPLIES = [TOOL_CALL, "It is 42."]
 N = 4
@@ -42,6 +48,7 @@ class Stack:
     prefix: str
     gateway_url: str
     model_dir: Path
+    engine: str
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +66,8 @@ def stack(bootstrap_servers: str, tiny_model_dir: Path, tmp_path_factory: pytest
                                ).start()]
     try:
         wait_http(f"http://127.0.0.1:{gateway_port}/ready", 120, started[-1])
-        yield Stack(bootstrap_servers, prefix, f"http://127.0.0.1:{gateway_port}", tiny_model_dir)
+        yield Stack(bootstrap_servers, prefix, f"http://127.0.0.1:{gateway_port}", tiny_model_dir,
+                    f"127.0.0.1:{engine_port}")
     finally:
         for process in started:
             if process.alive():
@@ -170,3 +178,136 @@ def test_a_prompt_whose_agents_fail_is_tagged_failure_with_the_workers_reason(st
     assert "dropped" in tag["reason"] and "agent failed" in tag["reason"], tag
     assert manager.feeders["train"].failed == 1
     tq.kv_clear(keys=uids, partition_id="train")
+
+
+def test_the_one_key_on_verls_config_builds_trajbus_manager_in_verls_task_runner(stack, tmp_path):
+    """Only the key set, in a fresh Ray cluster in a subprocess: verl's ``TaskRunnerV1.init_agent_loop_manager``
+    builds trajbus's manager, which starts a gateway at the inference server verl's load balancer lists and a
+    worker, and the step's groups land in TransferQueue under verl's keys, each prompt ``finished``."""
+    env = {**os.environ, "TRAJBUS_BOOTSTRAP_SERVERS": stack.servers, "TRAJBUS_VERL_PREFIX": stack.prefix,
+           "TRAJBUS_VERL_CHANNEL": "v1layout", "TRAJBUS_VERL_VAL_CHANNEL": "v1layoutval",
+           "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ""}
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "verl_v1_layout_driver.py"), stack.engine,
+                           str(stack.model_dir), f"{MANAGER_KEY}={MANAGER}",
+                           f"trainer.default_local_dir={tmp_path}"],
+                          env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["manager"] == "trajbus.pipelines.verl.manager.VerlAgentLoopManager"
+    assert result["own_services"] and result["gateway"] != stack.gateway_url
+    assert result["statuses"] == ["finished", "finished"]
+    assert result["keys"] == result["expected_keys"]
+    assert (tmp_path / "trajbus" / "gateway.log").is_file()
+
+
+@pytest.fixture
+def recorded_gateway(stack: Stack, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A gateway (on the file's worker) at an engine of its own that records every prompt it is sent and
+    answers each call at once, one call per trajectory: the engine's calls per prompt are countable."""
+    engine_port, gateway_port, record = free_port(), free_port(), tmp_path / "engine-calls.jsonl"
+    started = [scripted_engine_process(engine_port, tmp_path, stack.model_dir, ["It is 42."], record=record).start(),
+               gateway_process(stack.servers, stack.prefix, [f"127.0.0.1:{engine_port}"], stack.model_dir,
+                               gateway_port, tmp_path / "gateway-state", tmp_path / "gateway.log",
+                               ["--prompt-length", "768", "--response-length", "256"]).start()]
+    try:
+        wait_http(f"http://127.0.0.1:{gateway_port}/ready", 120, started[-1])
+        yield f"http://127.0.0.1:{gateway_port}", record
+    finally:
+        for process in started:
+            process.stop()
+
+
+def calls_per_index(record: Path, model_dir: Path) -> dict[int, int]:
+    """The engine's calls by the dataset index their prompt names ("What is 6 * 7? (i)")."""
+    import re
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    counts: dict[int, int] = {}
+    for line in record.read_text().splitlines():
+        index = int(re.findall(r"\? \((\d+)\)", tokenizer.decode(json.loads(line)["prompt_ids"]))[0])
+        counts[index] = counts.get(index, 0) + 1
+    return counts
+
+
+def printed(process: subprocess.Popen, line: str, timeout: float) -> bool:
+    """Whether ``process`` printed ``line`` (verl prints lines of its own too) within ``timeout``."""
+    seen = threading.Event()
+
+    def read() -> None:
+        for got in process.stdout:
+            if got.strip() == line:
+                seen.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    return seen.wait(timeout)
+
+
+def run_driver(stack: Stack, gateway: str, workdir: Path, stop_at: int) -> subprocess.Popen:
+    env = {**os.environ, "TRAJBUS_BOOTSTRAP_SERVERS": stack.servers, "TRAJBUS_VERL_PREFIX": stack.prefix,
+           "TRAJBUS_VERL_CHANNEL": "v1crash", "TRAJBUS_VERL_GATEWAY_URL": gateway, "PYTHONPATH": str(ROOT),
+           "RAY_ADDRESS": ""}
+    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "verl_v1_crash_driver.py"), str(workdir),
+                             str(stack.model_dir), str(stop_at)], env=env, stdout=subprocess.PIPE,
+                            stderr=open(workdir / f"driver-{stop_at}.log", "w"), text=True, start_new_session=True)
+
+
+def test_a_kill_9_mid_step_resumed_from_the_checkpoint_trains_each_prompt_once_and_regenerates_none(
+        stack, recorded_gateway, tmp_path):
+    """Checkpoints at step 2; the trainer is killed (its whole process group, Ray included) in step 3, after
+    the step's groups were sampled and before they were trained. The resumed trainer draws step 3's prompts
+    again under new uids: the manager finds them on the ledger and writes their groups from Kafka."""
+    gateway, record = recorded_gateway
+    first = run_driver(stack, gateway, tmp_path, stop_at=3)
+    try:
+        assert printed(first, "READY 3", 300), (tmp_path / "driver-3.log").read_text()[-3000:]
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    before = sum(calls_per_index(record, stack.model_dir).values())
+    assert [json.loads(line)["step"] for line in (tmp_path / "trained.jsonl").read_text().splitlines()] == [1, 2]
+
+    second = run_driver(stack, gateway, tmp_path, stop_at=0)
+    out, _ = second.communicate(timeout=400)
+    assert second.returncode == 0, (tmp_path / "driver-0.log").read_text()[-3000:]
+    counts = json.loads(out.strip().splitlines()[-1])
+    trained = [json.loads(line) for line in (tmp_path / "trained.jsonl").read_text().splitlines()]
+    assert [entry["step"] for entry in trained] == [1, 2, 3, 4]
+    assert sorted(i for entry in trained for i in entry["indices"]) == list(range(8))  # each prompt once
+    assert counts == {"resumed": 2, "written": 4}  # step 3's two groups came from Kafka
+    assert calls_per_index(record, stack.model_dir) == {i: 2 for i in range(8)}  # n = 2 calls each, no more
+    assert before == 6 * 2  # steps 1-3 were generated before the kill, step 4 after
+
+
+def test_an_async_reissue_keeps_its_uid_and_is_written_from_kafka(stack, tq, recorded_gateway, monkeypatch):
+    """verl's async modes restore the in-flight prompts from their checkpoint and re-issue them under their
+    own uid with the resumed step: a new manager (the trainer restarted) finds them by uid."""
+    gateway, record = recorded_gateway
+    monkeypatch.setenv("TRAJBUS_BOOTSTRAP_SERVERS", stack.servers)
+    settings = VerlQueueSettings(prefix=stack.prefix, channel="v1async", val_channel="v1val", gateway_url=gateway)
+    config = verl_config(stack.model_dir, N, 2, ["trainer.experiment_name=async"])
+    batch = verl_batch([0, 1], step=3)
+    uids = register(tq, batch, step=3)
+    first = VerlAgentLoopManager(config, settings=settings)
+    try:
+        first.generate_sequences(batch)
+        wait_for(lambda: set(statuses(tq, "train", uids).values()) == {"finished"}, 120, "the groups finished")
+    finally:
+        first.close()
+    keys = [key for key, tag in tq.kv_list("train")["train"].items() if not tag.get("is_prompt")]
+    tq.kv_clear(keys=keys, partition_id="train")
+    calls = record.read_text().count("\n")
+
+    again = verl_batch([0, 1], step=5, uids=uids)  # _reissue_inflight_prompts: same uids, the resumed step
+    register(tq, again, step=5)
+    second = VerlAgentLoopManager(config, settings=settings)
+    try:
+        second.generate_sequences(again)
+        assert set(statuses(tq, "train", uids).values()) == {"finished"}  # written before generate returned
+        assert second.resumed == 2 and record.read_text().count("\n") == calls == 2 * N
+        tags = tq.kv_list("train")["train"]
+        assert sorted(key for key in tags if not tags[key].get("is_prompt")) == sorted(keys)
+        assert {tags[key]["global_steps"] for key in keys} == {5}
+    finally:
+        second.close()
+    tq.kv_clear(keys=[*uids, *keys], partition_id="train")
