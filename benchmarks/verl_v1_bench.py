@@ -1,33 +1,27 @@
 """verl's V1 trainer reading rollouts from TransferQueue: trajbus's feeder against verl's own agent-loop writes.
 
-verl 0.9's default trainer (V1) samples finished prompt groups from TransferQueue (TQ). Two paths write the
-same groups (``--groups`` prompts of ``--rollouts`` trajectories: one ``--prompt-tokens`` prompt shared by
-the group, as GRPO samples it, and ``--response-tokens`` per trajectory; token ids random in a 32k vocabulary,
-log-probs and a 0/1 reward per trajectory; the same tokens through both paths) into one TQ, on a local
-``ray.init(num_cpus=4)`` with 2 storage units (verl's 8 would wait for 9 Ray CPUs):
+Both paths write the same groups into one TransferQueue (TQ; a local ``ray.init(num_cpus=4)``, 2 storage
+units: verl's 8 wait for 9 Ray CPUs): ``--groups`` prompts of ``--rollouts`` trajectories, each one
+``--prompt-tokens`` prompt (shared by the group, as GRPO samples it) + ``--response-tokens``, ids random in a
+32k vocabulary, with log-probs and a 0/1 reward; ``--in-flight`` prompts written at once.
 
-- direct: what verl's ``AgentLoopWorkerTQ`` does (``verl.trainer.ppo.v1.agent_loop_tq``): per prompt a
-  ``running`` tag, per session ``AgentLoopOutput.as_dict()`` plus the prompt's fields, ``session_id``,
-  ``loss_mask``, ``input_ids``, ``position_ids`` put with one ``async_kv_batch_put`` (the sessions of a prompt
-  concurrently), then the prompt tagged ``finished``;
-- trajbus: each trajectory's one Step and its end through ``StepProducer`` (acknowledged) as trajbus's gateway
-  records them (``n_rollouts``, the session under ``slime_index``), a real ``trajbus worker`` process assembling
-  the groups, and the manager's ``GroupFeeder`` writing each emitted group into TQ in verl's layout
-  (``consumers.verl.transfer_queue``). The gateway's own cost is gateway_bench's and is left out here.
+- direct: verl's ``AgentLoopWorkerTQ`` (``verl.trainer.ppo.v1.agent_loop_tq``): a ``running`` tag, then per
+  session (concurrently) ``AgentLoopOutput.as_dict()`` + the prompt's fields, ``session_id``, ``loss_mask``,
+  ``input_ids``, ``position_ids`` in one ``async_kv_batch_put``, then the prompt tagged ``finished``;
+- trajbus: each trajectory's Step and end through ``StepProducer`` (acknowledged) as the gateway records them
+  (``n_rollouts``, the session under ``slime_index``), a ``trajbus worker`` process assembling the groups and
+  the manager's ``GroupFeeder`` writing them into TQ in verl's layout. The gateway's own cost is
+  gateway_bench's and is left out here.
 
-Both paths keep ``--in-flight`` prompts going at once. Measured for each:
-
-- groups/s into TQ, from the first ``running`` tag to the last prompt tagged ``finished`` (target: trajbus
-  >= 0.5x direct);
-- the trainer's wait for a ready batch, with every group already ``finished``: verl's own
-  ``ReplayBuffer.sample`` (the sync trainer's) plus ``tq.kv_batch_get`` of the fields a training step reads,
-  per ``--batch`` prompts, p50/p99 ms (target: p50 <= 50 ms); the rows read back are checked token for token;
-- trajbus only: the feeder's lag, from the worker emitting a group (its ``ready_at``) to its prompt tagged
-  ``finished`` in TQ, p50/p99 ms.
+Measured for each: groups/s into TQ, from the first ``running`` tag to the last prompt ``finished`` (target:
+trajbus >= 0.5x direct); the trainer's wait for a ready batch with every group ``finished``: verl's
+``ReplayBuffer.sample`` (sync trainer) + ``tq.kv_batch_get`` of what a training step reads, per ``--batch``
+prompts, p50/p99 (target: p50 <= 50 ms; the rows read back are checked token for token); for trajbus, the
+feeder's lag from the worker emitting a group (``ready_at``) to its prompt ``finished``, p50/p99.
 
 Two groups through each path first, untimed. Uses TRAJBUS_BOOTSTRAP_SERVERS or the running embedded broker,
-else a throw-away one. Prints a table and writes benchmarks/results/verl_v1.json. ``python -m
-benchmarks.verl_v1_bench`` (``--groups 6 --prompt-tokens 256 --response-tokens 64`` for a smoke test).
+else a throw-away one. Prints a table, writes benchmarks/results/verl_v1.json. ``python -m
+benchmarks.verl_v1_bench`` (smoke test: ``--groups 6 --prompt-tokens 256 --response-tokens 64``).
 """
 
 from __future__ import annotations
@@ -35,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import tempfile
 import time
 import uuid
@@ -70,7 +65,7 @@ WARMUP = 2
 
 @dataclass
 class Group:
-    """One prompt's rollouts, as the engine returned them, and the prompt's fields as verl registered it."""
+    """One prompt's rollouts as the engine returned them, and the prompt's fields as verl registered it."""
 
     uid: str
     prompt: dict[str, Any]
@@ -81,41 +76,35 @@ class Group:
 
 
 def make_groups(count: int, args: argparse.Namespace, rng: np.random.Generator) -> list[Group]:
-    groups = []
-    for index in range(count):
-        prompt = {"raw_prompt": [{"role": "user", "content": f"question {index}"}], "data_source": "bench",
-                  "reward_model": {"style": "rule", "ground_truth": "42"}, "extra_info": {"index": index},
-                  "index": index, "global_steps": STEP}
-        groups.append(Group("", prompt, rng.integers(1, VOCAB, args.prompt_tokens).tolist(),
-                            [rng.integers(1, VOCAB, args.response_tokens).tolist() for _ in range(args.rollouts)],
-                            [(-5 * rng.random(args.response_tokens)).tolist() for _ in range(args.rollouts)],
-                            rng.integers(0, 2, args.rollouts).astype(float).tolist()))
-    return groups
+    n, length = args.rollouts, args.response_tokens
+    return [Group("", {"raw_prompt": [{"role": "user", "content": f"question {i}"}], "data_source": "bench",
+                       "reward_model": {"style": "rule", "ground_truth": "42"}, "extra_info": {"index": i},
+                       "index": i, "global_steps": STEP},
+                  rng.integers(1, VOCAB, args.prompt_tokens).tolist(),
+                  [rng.integers(1, VOCAB, length).tolist() for _ in range(n)],
+                  [(-5 * rng.random(length)).tolist() for _ in range(n)], rng.integers(0, 2, n).astype(float).tolist())
+            for i in range(count)]
 
 
-def fresh(groups: list[Group]) -> list[Group]:
-    """The same rollouts under new uids (verl's uuid4 per prompt drawn; no ``_``: keys split on it)."""
-    result = []
-    for group in groups:
-        uid = str(uuid.uuid4())
-        result.append(replace(group, uid=uid, prompt={**group.prompt, "uid": uid}))
-    return result
+def fresh(tq: Any, groups: list[Group]) -> list[Group]:
+    """The same rollouts under new uids (verl's uuid4 per prompt drawn: no ``_``, keys split on it), registered
+    ``pending`` as the trainer registers a batch before handing it to the agent-loop manager."""
+    uids = [str(uuid.uuid4()) for _ in groups]
+    tq.kv_batch_put(keys=uids, partition_id=PARTITION,
+                    tags=[{"is_prompt": True, "status": "pending", "global_steps": STEP} for _ in uids])
+    return [replace(group, uid=uid, prompt={**group.prompt, "uid": uid}) for group, uid in zip(groups, uids)]
 
 
-def register(tq: Any, groups: list[Group]) -> None:
-    """The prompts ``pending``, as the trainer registers a batch before handing it to the manager."""
-    tq.kv_batch_put(keys=[g.uid for g in groups], partition_id=PARTITION,
-                    tags=[{"is_prompt": True, "status": "pending", "global_steps": STEP} for _ in groups])
-
-
-async def bounded(groups: list[Group], in_flight: int, write: Callable[[Group], Awaitable[None]]) -> None:
-    gate = asyncio.Semaphore(in_flight)
+async def bounded(groups: list[Group], in_flight: int, write: Callable[[Group], Awaitable[None]]) -> float:
+    """``write`` each group, ``in_flight`` at once; the seconds it took."""
+    gate, start = asyncio.Semaphore(in_flight), time.perf_counter()
 
     async def one(group: Group) -> None:
         async with gate:
             await write(group)
 
     await asyncio.gather(*(one(group) for group in groups))
+    return time.perf_counter() - start
 
 
 # -- direct: verl's AgentLoopWorkerTQ -------------------------------------------------------------
@@ -143,34 +132,36 @@ async def direct_session(tq: Any, group: Group, session: int) -> None:
                                 tags=[tag], partition_id=PARTITION)
 
 
-async def direct(tq: Any, groups: list[Group], in_flight: int) -> float:
+def direct(tq: Any, groups: list[Group], in_flight: int) -> float:
     """verl's ``_run_prompt`` for each group; seconds from the first ``running`` tag to the last ``finished``."""
     async def prompt(group: Group) -> None:
         await tq.async_kv_put(key=group.uid, partition_id=PARTITION, tag={"status": "running"})
         await asyncio.gather(*(direct_session(tq, group, s) for s in range(len(group.responses))))
         await tq.async_kv_put(key=group.uid, partition_id=PARTITION, tag={"status": "finished"})
 
-    start = time.perf_counter()
-    await bounded(groups, in_flight, prompt)
-    return time.perf_counter() - start
+    return asyncio.run(bounded(groups, in_flight, prompt))
 
 
 # -- trajbus: producer -> worker -> feeder --------------------------------------------------------
 class TimedFeeder(GroupFeeder):
     """The manager's feeder, noting each group's lag (emitted -> ``finished``) and when the last was written."""
 
-    lags: list[float]
-    last_written: float = 0.0
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.lags: list[float] = []
+        self.last_written = 0.0
 
-    def _write(self, group: StructuredGroup, expected: Expected) -> None:
-        super()._write(group, expected)
-        self.lags.append(time.time() - group.ready_at)
-        self.last_written = time.perf_counter()
+    def _write(self, fetched: list[tuple[StructuredGroup, Expected]]) -> None:
+        super()._write(fetched)
+        now = time.time()
+        self.lags += [now - group.ready_at for group, _ in fetched]
+        if fetched:
+            self.last_written = time.perf_counter()
 
 
 async def produce(producer: StepProducer, feeder: GroupFeeder, group: Group) -> None:
     """The manager's hand-off (``running``, ``expect``), then each trajectory as the gateway records it."""
-    feeder.running(group.uid)
+    feeder.tag([group.uid], "running")
     feeder.expect(group.uid, group.uid, group.prompt)
     n = len(group.responses)
 
@@ -188,43 +179,38 @@ async def produce(producer: StepProducer, feeder: GroupFeeder, group: Group) -> 
 def through_trajbus(producer: StepProducer, feeder: TimedFeeder, worker: ServiceProcess, groups: list[Group],
                     in_flight: int) -> float:
     """Seconds from the first ``running`` tag to the feeder's last write of these groups."""
-    target = feeder.written + len(groups)
+    target, feeder.lags = feeder.written + len(groups), []
     start = time.perf_counter()
     asyncio.run(bounded(groups, in_flight, lambda group: produce(producer, feeder, group)))
     deadline = time.monotonic() + 120 + len(groups)
     while feeder.written < target:
         if not worker.alive() or time.monotonic() > deadline:
             raise RuntimeError(f"{target - feeder.written} groups never reached TQ; worker:\n{worker.log_tail()}")
-        time.sleep(0.005)
+        time.sleep(0.002)
     return feeder.last_written - start
 
 
 # -- the trainer's side ---------------------------------------------------------------------------
-def replay_buffer(batch: int) -> Any:
-    """verl's ReplayBuffer of the sync trainer with ppo_trainer.yaml's sampler defaults."""
-    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
-
-    return ReplayBuffer(trainer_mode="sync", trainer_config=OmegaConf.create({}), max_off_policy_threshold=8,
-                        max_off_policy_strategy="drop", sampler_kwargs=OmegaConf.create({}), refill_fn=None,
-                        filter_groups_metric=None, sync_refill_failed_groups=False, train_batch_size=batch,
-                        gen_batch_size=batch, max_inflight_gen_batches=1, poll_interval=0.05)
-
-
 def check(data: Any, keys: list[str], by_uid: dict[str, Group]) -> None:
     """Every row read back is its session's prompt + response, its reward on the last token."""
     for i, key in enumerate(keys):
         uid, session, _ = key.split("_")
         group = by_uid[uid]
-        expected = torch.tensor(group.prompt_ids + group.responses[int(session)])
-        if not torch.equal(data["input_ids"][i], expected) or data["uid"][i] != uid:
+        if data["uid"][i] != uid or float(data["rm_scores"][i][-1]) != group.rewards[int(session)] or \
+                not torch.equal(data["input_ids"][i], torch.tensor(group.prompt_ids + group.responses[int(session)])):
             raise RuntimeError(f"row {key} read back is not the rollout written")
-        if float(data["rm_scores"][i][-1]) != group.rewards[int(session)]:
-            raise RuntimeError(f"row {key}: reward {float(data['rm_scores'][i][-1])} is not the one written")
 
 
 def trainer_waits(tq: Any, groups: list[Group], batch: int) -> list[float]:
-    """Sample every ready group, ``batch`` prompts at a time; each sample + read in seconds. Clears them."""
-    buffer, by_uid, waits = replay_buffer(batch), {g.uid: g for g in groups}, []
+    """Every ready group sampled, ``batch`` prompts at a time, read, checked and cleared (as the trainer does
+    after its step); each sample + read in seconds."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    buffer = ReplayBuffer(trainer_mode="sync", trainer_config=OmegaConf.create({}), max_off_policy_threshold=8,
+                          max_off_policy_strategy="drop", sampler_kwargs=OmegaConf.create({}), refill_fn=None,
+                          filter_groups_metric=None, sync_refill_failed_groups=False, train_batch_size=batch,
+                          gen_batch_size=batch, max_inflight_gen_batches=1, poll_interval=0.05)  # the sync trainer's
+    by_uid, waits = {g.uid: g for g in groups}, []
     for _ in range(len(groups) // batch):
         start = time.perf_counter()
         sampled, _ = buffer.sample(global_steps=STEP, partition_id=PARTITION, batch_size=batch)
@@ -235,78 +221,58 @@ def trainer_waits(tq: Any, groups: list[Group], batch: int) -> list[float]:
         check(data, sampled.keys, by_uid)
         tq.kv_clear(keys=sampled.keys, partition_id=PARTITION)
     left = list((tq.kv_list(PARTITION) or {}).get(PARTITION, {}))
-    if left:
+    if left:  # groups short of a batch
         tq.kv_clear(keys=left, partition_id=PARTITION)
     return waits
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+# -- the run ----------------------------------------------------------------------------------------
+def ms(values: list[float], q: float) -> float:
+    """The ``q`` quantile of seconds, in ms."""
+    return 1e3 * sorted(values)[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def summary(path: str, groups: list[Group], seconds: float, waits: list[float], lags: list[float] | None) -> dict:
-    rows = sum(len(g.responses) for g in groups)
-    tokens = sum(len(g.prompt_ids) * len(g.responses) + sum(map(len, g.responses)) for g in groups)
-    result = {"path": path, "groups": len(groups), "rows": rows, "seconds": seconds,
-              "groups_per_s": len(groups) / seconds, "tokens_per_s": tokens / seconds,
-              "wait_p50_ms": 1e3 * percentile(waits, 0.5), "wait_p99_ms": 1e3 * percentile(waits, 0.99),
-              "wait_max_ms": 1e3 * max(waits), "batches": len(waits)}
+def measure(tq: Any, path: str, data: list[Group], args: argparse.Namespace,
+            write: Callable[[list[Group]], float], lags: Callable[[], list[float]] | None = None) -> dict:
+    """Warm-up groups through ``write``, then the timed ones; then the trainer samples them."""
+    warmup = fresh(tq, data[:WARMUP])
+    write(warmup)
+    trainer_waits(tq, warmup, 1)
+    print(f"{path}: {len(data) - WARMUP} groups, {args.in_flight} in flight", flush=True)
+    groups = fresh(tq, data[WARMUP:])
+    seconds = write(groups)
+    waits, tokens = trainer_waits(tq, groups, args.batch), sum(
+        len(g.prompt_ids) * len(g.responses) + sum(map(len, g.responses)) for g in groups)
+    result = {"path": path, "groups": len(groups), "seconds": seconds, "groups_per_s": len(groups) / seconds,
+              "tokens_per_s": tokens / seconds, "batches": len(waits), "wait_p50_ms": ms(waits, 0.5),
+              "wait_p99_ms": ms(waits, 0.99), "wait_max_ms": ms(waits, 1.0)}
     if lags is not None:
-        result.update(lag_p50_ms=1e3 * percentile(lags, 0.5), lag_p99_ms=1e3 * percentile(lags, 0.99))
-    print(f"{path}: {result['groups_per_s']:.2f} groups/s; trainer wait p50 {result['wait_p50_ms']:.1f} ms",
+        result.update(lag_p50_ms=ms(lags(), 0.5), lag_p99_ms=ms(lags(), 0.99), lag_max_ms=ms(lags(), 1.0))
+    print(f"{path}: {result['groups_per_s']:.2f} groups/s, trainer wait p50 {result['wait_p50_ms']:.1f} ms",
           flush=True)
     return result
 
 
-# -- the run ----------------------------------------------------------------------------------------
-def run_direct(tq: Any, data: list[Group], args: argparse.Namespace) -> dict:
-    warmup, groups = fresh(data[:WARMUP]), fresh(data[WARMUP:])
-    register(tq, warmup)
-    asyncio.run(direct(tq, warmup, args.in_flight))
-    trainer_waits(tq, warmup, 1)
-    print(f"direct: {len(groups)} groups, {args.in_flight} in flight", flush=True)
-    register(tq, groups)
-    seconds = asyncio.run(direct(tq, groups, args.in_flight))
-    return summary("direct (verl agent loop)", groups, seconds, trainer_waits(tq, groups, args.batch), None)
-
-
 def run_trajbus(tq: Any, data: list[Group], args: argparse.Namespace, servers: str, workdir: Path) -> dict:
+    """The trajbus path, under a fresh topic prefix, dropped at the end."""
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     with StepProducer(servers, prefix=prefix) as producer:
         producer.provision(CHANNEL)
         worker = worker_process(servers, prefix, workdir / "worker.log", channels=CHANNEL,
                                 n_rollouts=args.rollouts).start()
-        feeder = TimedFeeder(servers, prefix, CHANNEL, PARTITION, None, tq)
-        feeder.lags = []
-        feeder.start()
-        try:
-            warmup, groups = fresh(data[:WARMUP]), fresh(data[WARMUP:])
-            register(tq, warmup)
-            through_trajbus(producer, feeder, worker, warmup, args.in_flight)  # the worker is up once these are in
-            trainer_waits(tq, warmup, 1)
-            print(f"trajbus: {len(groups)} groups, {args.in_flight} in flight", flush=True)
-            register(tq, groups)
-            feeder.lags = []
-            seconds = through_trajbus(producer, feeder, worker, groups, args.in_flight)
-            lags = list(feeder.lags)
-            waits = trainer_waits(tq, groups, args.batch)
+        feeder = TimedFeeder(servers, prefix, CHANNEL, PARTITION, None, tq).start()
+        try:  # the warm-up also waits out the worker's start
+            result = measure(tq, "trajbus (steps -> worker -> feeder)", data, args,
+                             lambda groups: through_trajbus(producer, feeder, worker, groups, args.in_flight),
+                             lambda: feeder.lags)
         finally:
             feeder.close()
             worker.stop()
-    delete_topics(servers, prefix)
-    return summary("trajbus (gateway's steps -> worker -> feeder)", groups, seconds, waits, lags)
-
-
-def delete_topics(servers: str, prefix: str) -> None:
-    """Drop the topics this run's prefix holds (a shared broker keeps no leftovers)."""
-    client = admin(servers)  # held until the deletes answer: a dropped client fails them
+    client = admin(servers)  # held until the deletes answer
     topics = [t for t in client.list_topics(timeout=30).topics if t.startswith(f"{prefix}.")]
     for future in (client.delete_topics(topics, operation_timeout=30).values() if topics else []):
-        try:
-            future.result(60)
-        except Exception as exc:  # noqa: BLE001 - left behind is harmless, but said
-            print(f"could not delete a topic of this run: {exc}", flush=True)
+        future.result(60)
+    return result
 
 
 def report(results: list[dict], args: argparse.Namespace) -> dict:
@@ -318,14 +284,14 @@ def report(results: list[dict], args: argparse.Namespace) -> dict:
                  "p99 ms"],
                 [[r["path"], f"{r['groups_per_s']:.2f}", f"{r['groups_per_s'] / direct_run['groups_per_s']:.3f}x",
                   f"{r['tokens_per_s'] / 1e3:.0f}", f"{r['wait_p50_ms']:.1f}", f"{r['wait_p99_ms']:.1f}",
-                  f"{r['lag_p50_ms']:.1f}" if "lag_p50_ms" in r else "-",
-                  f"{r['lag_p99_ms']:.1f}" if "lag_p99_ms" in r else "-"] for r in results])
+                  *([f"{r['lag_p50_ms']:.1f}", f"{r['lag_p99_ms']:.1f}"] if "lag_p50_ms" in r else ["-", "-"])]
+                 for r in results])
     targets = print_targets([
         Target("groups/s into TQ, trajbus / direct", f">= {THROUGHPUT_TARGET}x", f"{ratio:.3f}x",
                ratio >= THROUGHPUT_TARGET),
         Target("trainer wait p50, trajbus's groups ready", f"<= {WAIT_P50_TARGET_MS:g} ms",
                f"{trajbus_run['wait_p50_ms']:.1f} ms", trajbus_run["wait_p50_ms"] <= WAIT_P50_TARGET_MS)],
-        "verl V1: trajbus against verl's own agent-loop writes")
+        "verl V1: trajbus's feeder against verl's own agent-loop writes")
     return {"arguments": vars(args), "runs": results, "throughput_ratio": ratio, "targets": targets}
 
 
@@ -353,9 +319,12 @@ def main(argv: list[str] | None = None) -> dict:
             import ray
             import transfer_queue as tq
 
+            logging.getLogger("transfer_queue.utils.common").setLevel(logging.ERROR)  # a line a put on < 8 cores
             try:
                 tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 2}}}))
-                results = [run_direct(tq, data, args), run_trajbus(tq, data, args, servers, Path(workdir))]
+                results = [measure(tq, "direct (verl agent loop)", data, args,
+                                   lambda groups: direct(tq, groups, args.in_flight)),
+                           run_trajbus(tq, data, args, servers, Path(workdir))]
             finally:
                 tq.close()
                 ray.shutdown()

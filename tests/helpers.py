@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -16,7 +17,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from trajbus.consumers import BatchConsumer
-from trajbus.pipelines.processes import ServiceProcess
+from trajbus.pipelines.processes import (ServiceProcess, free_port, gateway_process, scripted_engine_process,
+                                         wait_http, worker_process)
 from trajbus.pipelines.synthetic import group_steps
 from trajbus.streams.wire import codec
 from trajbus.streams.wire.prefix import PrefixResolver, StepDelta
@@ -24,6 +26,31 @@ from trajbus.streams.client.producer import DeliveryError, StepProducer
 from trajbus.streams.wire.records import ReadyGroup, Step, TrajectoryEnd
 
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def agent_stack(bootstrap_servers: str, prefix: str, channels: tuple[str, ...], model_dir: object, logs: object,
+                replies: list, gateway_args: list[str]) -> Iterator[tuple[str, int]]:
+    """A scripted engine (8 generations at once), a stream worker for ``channels`` and a gateway at the engine,
+    all started at once (the gateway is ready once the engine answers) and stopped at once; yields the
+    gateway's URL and the engine's port. The channels' topics are provisioned first."""
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        for channel in channels:
+            producer.provision(channel)
+    engine_port, gateway_port = free_port(), free_port()
+    started = [scripted_engine_process(engine_port, logs, model_dir, replies, workers=8).start(),
+               worker_process(bootstrap_servers, prefix, logs / "worker.log", channels=",".join(channels)).start(),
+               gateway_process(bootstrap_servers, prefix, [f"127.0.0.1:{engine_port}"], model_dir, gateway_port,
+                               logs / "gateway-state", logs / "gateway.log", gateway_args).start()]
+    try:
+        wait_http(f"http://127.0.0.1:{gateway_port}/ready", 120, started[-1])
+        yield f"http://127.0.0.1:{gateway_port}", engine_port
+    finally:
+        for process in started:  # all three stop at once, then each is waited for
+            if process.alive():
+                process.process.send_signal(signal.SIGTERM)
+        for process in started:
+            process.stop()
 
 
 def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from trajbus.consumers.backends import TrainingBackend
 from trajbus.consumers.batch_consumer import BatchConsumer
@@ -36,6 +36,8 @@ log = logging.getLogger("trajbus.verl")
 
 POLL = 0.2
 """Seconds one read of the groups topic waits before the feeder looks at the agents and the ledger."""
+MAX_WRITE = 32
+"""Groups written into TransferQueue in one put (those already fetched): two round trips for all of them."""
 
 
 class StructuredGroups(TrainingBackend):
@@ -90,9 +92,11 @@ class GroupFeeder:
         return [(p, TopicPartition(self.consumer.topic, p)) for p in self.consumer.partitions or []]
 
     # -- the manager's side ----------------------------------------------------------------
-    def running(self, uid: str) -> None:
-        """Tag the prompt ``running`` (verl's agent loop does, before its sessions start)."""
-        self.tq.kv_put(key=uid, partition_id=self.partition_id, tag={"status": "running"})
+    def tag(self, uids: list[str], status: str, reason: str | None = None) -> None:
+        """Tag prompts (``running`` as verl's agent loop does before its sessions start; ``finished``;
+        ``failure`` with the reason); the tags a prompt has already stay."""
+        tag = {"status": status} if reason is None else {"status": status, "reason": reason}
+        self.tq.kv_batch_put(keys=uids, partition_id=self.partition_id, tags=[dict(tag) for _ in uids])
 
     def expect(self, prompt_uid: str, uid: str, prompt: dict[str, Any]) -> Expected:
         """The group ``prompt_uid`` goes to verl's ``uid`` once emitted; set ``run`` once its agents start."""
@@ -113,7 +117,7 @@ class GroupFeeder:
         if not groups:
             log.warning("verl feeder: group %s not found at %s/%d (past retention?)", prompt_uid, partition, offset)
             return False
-        self._write(groups[0], Expected(uid, prompt))
+        self._write([(groups[0], Expected(uid, prompt))])
         return True
 
     # -- the thread ----------------------------------------------------------------------
@@ -121,12 +125,7 @@ class GroupFeeder:
         last_check = 0.0
         while not self._stop.is_set():
             try:
-                groups = self.consumer.fetch_dataproto(1, timeout=POLL)
-                for group in groups or []:
-                    with self._lock:
-                        expected = self.expected.pop(group.prompt_uid, None)
-                    if expected is not None:
-                        self._write(group, expected)
+                self._write(self._fetched())
                 if time.monotonic() - last_check > 0.5:
                     self._check_agents()
                     self._check_dropped()
@@ -135,14 +134,48 @@ class GroupFeeder:
                 log.exception("verl feeder on channel %s", self.channel)
                 self._stop.wait(1.0)
 
-    def _write(self, group: StructuredGroup, expected: Expected) -> None:
+    def _fetched(self) -> list[tuple[StructuredGroup, Expected]]:
+        """The groups emitted for expected prompts: the first within ``POLL``, then those already fetched."""
+        fetched: list[tuple[StructuredGroup, Expected]] = []
+        timeout = POLL
+        while len(fetched) < MAX_WRITE:
+            groups = self.consumer.fetch_dataproto(1, timeout=timeout)
+            if not groups:
+                return fetched
+            with self._lock:
+                expected = self.expected.pop(groups[0].prompt_uid, None)
+            if expected is not None:
+                fetched.append((groups[0], expected))
+            timeout = 0.001
+        return fetched
+
+    def _write(self, fetched: list[tuple[StructuredGroup, Expected]]) -> None:
+        """Every row of the groups in one put, then their prompts ``finished``; a put that fails tags them
+        ``failure`` (verl would wait forever for a prompt left ``running``)."""
         from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-        records = group_records(group, expected.uid, expected.prompt, SAMPLE_INDEX)
-        self.tq.kv_batch_put(keys=records.keys, partition_id=self.partition_id,
-                             fields=list_of_dict_to_tensordict(records.fields), tags=records.tags)
-        self.tq.kv_put(key=expected.uid, partition_id=self.partition_id, tag={"status": "finished"})
-        self.written += 1
+        if not fetched:
+            return
+        uids = [expected.uid for _, expected in fetched]
+        try:
+            keys, fields, tags = [], [], []
+            for group, expected in fetched:
+                records = group_records(group, expected.uid, expected.prompt, SAMPLE_INDEX)
+                keys += records.keys
+                fields += records.fields
+                tags += records.tags
+            for layout in {tuple(f) for f in fields}:  # one put per field set (log-probs present or not)
+                rows = [i for i, f in enumerate(fields) if tuple(f) == layout]
+                self.tq.kv_batch_put(keys=[keys[i] for i in rows], partition_id=self.partition_id,
+                                     fields=list_of_dict_to_tensordict([fields[i] for i in rows]),
+                                     tags=[tags[i] for i in rows])
+        except Exception as exc:  # noqa: BLE001 - the prompts fail, the feeder goes on
+            log.exception("verl feeder: writing %d groups into TransferQueue failed", len(fetched))
+            self.tag(uids, "failure", f"write into TransferQueue failed: {type(exc).__name__}: {exc}")
+            self.failed += len(uids)
+            return
+        self.tag(uids, "finished")
+        self.written += len(uids)
 
     def _fail(self, prompt_uid: str, reason: str) -> None:
         with self._lock:
@@ -152,8 +185,7 @@ class GroupFeeder:
         if expected.given_up:
             reason = f"{reason} ({expected.given_up})"
         log.warning("verl feeder: prompt %s (group %s) failed: %s", expected.uid, prompt_uid, reason)
-        self.tq.kv_put(key=expected.uid, partition_id=self.partition_id,
-                       tag={"status": "failure", "reason": reason})
+        self.tag([expected.uid], "failure", reason)
         self.failed += 1
 
     def _check_agents(self) -> None:

@@ -132,6 +132,8 @@ class VerlAgentLoopManager:
             self.close()
             raise
         self.version = -1
+        self.reuse = config.trainer.get("resume_mode", "auto") != "disable"
+        """A run that ignores its checkpoints (``resume_mode: disable``) generates every prompt afresh."""
         self.draws: Counter = Counter()
         self.resumed = 0
         """Training prompts whose group was already on Kafka: written into TransferQueue, not generated."""
@@ -147,7 +149,9 @@ class VerlAgentLoopManager:
         """Hand each prompt of the batch to agents (or to Kafka's copy of its group); returns at once."""
         validate = bool(prompts["validate"]) if "validate" in prompts.keys() else False
         rollout = self.config.actor_rollout_ref.rollout
-        for prompt in prompt_rows(prompts):
+        rows = prompt_rows(prompts)
+        self.feeders["val" if validate else "train"].tag([str(row["uid"]) for row in rows], "running")
+        for prompt in rows:
             n = int(prompt.pop("__rollout_n__", rollout.val_kwargs.n if validate else rollout.n))
             sampling = self._sampling(validate, bool(prompt.pop("__do_sample__", True)))
             stored = {key: value for key, value in prompt.items() if key not in NOT_STORED}
@@ -163,7 +167,7 @@ class VerlAgentLoopManager:
         draw = Draw(step, index, self.draws[(step, index)])
         self.draws[(step, index)] += 1
         feeder = self.feeders["train"]
-        found = self.dispatches.find(uid, draw)
+        found = self.dispatches.find(uid, draw) if self.reuse else None
         outcome = self.dispatches.emitted(found) if found is not None else None
         if outcome is not None and feeder.place(found.prompt_uid, uid, prompt, outcome.placed):
             self.resumed += 1
@@ -178,7 +182,6 @@ class VerlAgentLoopManager:
         prompt_uid = prompt_uid or uid
         samples = [VerlSample(prompt.get("raw_prompt"), ground_truth(prompt), session, prompt)
                    for session in range(n)]
-        feeder.running(uid)
         expected = feeder.expect(prompt_uid, uid, prompt)
         expected.run = self.harness.start(prompt_uid, samples, channel, sampling)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import uuid
 from dataclasses import dataclass
@@ -23,15 +22,13 @@ from transformers import AutoTokenizer
 
 from trajbus.consumers import BatchConsumer
 from trajbus.pipelines.ledger import PromptLedger
-from trajbus.pipelines.processes import (ServiceProcess, free_port, gateway_process, scripted_engine_process,
-                                         wait_http, worker_process)
+from trajbus.pipelines.processes import ServiceProcess
 from trajbus.pipelines.slime import SlimeDataSource
 from trajbus.pipelines.slime.agentic import close, generate_rollout
 from trajbus.pipelines.slime.harness import SAMPLE_INDEX
-from trajbus.streams.client.producer import StepProducer
 from trajbus.streams.wire.records import ReadyGroup, Step
 from trajbus.streams.wire.topics import groups_topic
-from tests.helpers import end_offsets, wait_for
+from tests.helpers import agent_stack, end_offsets, wait_for
 from tests.lifecycle_driver import prompt_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,25 +49,9 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(bootstrap_servers: str, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prefix, logs = f"t{uuid.uuid4().hex[:10]}", tmp_path_factory.mktemp("slime-agentic")
-    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
-        for channel in CHANNELS:
-            producer.provision(channel)
-    engine_port, gateway_port = free_port(), free_port()
-    started = [scripted_engine_process(engine_port, logs, tiny_model_dir, REPLIES, workers=8).start(),
-               worker_process(bootstrap_servers, prefix, logs / "worker.log", channels=",".join(CHANNELS)).start(),
-               gateway_process(bootstrap_servers, prefix, [f"127.0.0.1:{engine_port}"], tiny_model_dir, gateway_port,
-                               logs / "gateway-state", logs / "gateway.log",
-                               ["--prompt-length", "2048", "--response-length", "128", "--health-interval", "0.5"]
-                               ).start()]  # all three at once: the gateway is ready once the engine answers
-    try:
-        wait_http(f"http://127.0.0.1:{gateway_port}/ready", 120, started[-1])
-        yield Stack(bootstrap_servers, prefix, f"http://127.0.0.1:{gateway_port}", tiny_model_dir)
-    finally:
-        for process in started:  # all three stop at once, then each is waited for
-            if process.alive():
-                process.process.send_signal(signal.SIGTERM)
-        for process in started:
-            process.stop()
+    with agent_stack(bootstrap_servers, prefix, CHANNELS, tiny_model_dir, logs, REPLIES,
+                     ["--prompt-length", "2048", "--response-length", "128", "--health-interval", "0.5"]) as (url, _):
+        yield Stack(bootstrap_servers, prefix, url, tiny_model_dir)
 
 
 @pytest.fixture

@@ -28,11 +28,10 @@ from trajbus.consumers import BatchConsumer
 from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.verl.settings import VerlQueueSettings
 from trajbus.infra import ray_exit
-from trajbus.pipelines.processes import free_port, gateway_process, scripted_engine_process, wait_http, worker_process
+from trajbus.pipelines.processes import free_port, gateway_process, scripted_engine_process, wait_http
 from trajbus.pipelines.slime.harness import SAMPLE_INDEX
 from trajbus.pipelines.verl import VerlAgentLoopManager
-from trajbus.streams.client.producer import StepProducer
-from tests.helpers import wait_for
+from tests.helpers import agent_stack, wait_for
 from tests.verl_v1 import MANAGER, MANAGER_KEY, register, replay_buffer, verl_batch, verl_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,26 +53,10 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(bootstrap_servers: str, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prefix, logs = f"t{uuid.uuid4().hex[:10]}", tmp_path_factory.mktemp("verl-v1")
-    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
-        for channel in CHANNELS:
-            producer.provision(channel)
-    engine_port, gateway_port = free_port(), free_port()
-    started = [scripted_engine_process(engine_port, logs, tiny_model_dir, REPLIES, workers=8).start(),
-               worker_process(bootstrap_servers, prefix, logs / "worker.log", channels=",".join(CHANNELS)).start(),
-               gateway_process(bootstrap_servers, prefix, [f"127.0.0.1:{engine_port}"], tiny_model_dir, gateway_port,
-                               logs / "gateway-state", logs / "gateway.log",
-                               ["--prompt-length", "768", "--response-length", "256", "--health-interval", "0.5"]
-                               ).start()]
-    try:
-        wait_http(f"http://127.0.0.1:{gateway_port}/ready", 120, started[-1])
-        yield Stack(bootstrap_servers, prefix, f"http://127.0.0.1:{gateway_port}", tiny_model_dir,
-                    f"127.0.0.1:{engine_port}")
-    finally:
-        for process in started:
-            if process.alive():
-                process.process.send_signal(signal.SIGTERM)
-        for process in started:
-            process.stop()
+    with agent_stack(bootstrap_servers, prefix, CHANNELS, tiny_model_dir, logs, REPLIES,
+                     ["--prompt-length", "768", "--response-length", "256", "--health-interval", "0.5"]
+                     ) as (url, engine_port):
+        yield Stack(bootstrap_servers, prefix, url, tiny_model_dir, f"127.0.0.1:{engine_port}")
 
 
 @pytest.fixture(scope="module")
