@@ -29,9 +29,20 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def slow_calculator_agent(base_url: str, sample: Any, sampling: dict[str, Any]) -> float:
-    """The calculator agent, a little slower (a real agent thinks): a kill finds groups half done."""
-    time.sleep(0.1)
+GATE = "TRAJBUS_TEST_AGENT_GATE"
+GATED_FROM = 24
+"""The first group whose agents wait at the gate: rollout 2's last eight (its first eight finish)."""
+
+
+def gated_calculator_agent(base_url: str, sample: Any, sampling: dict[str, Any]) -> float:
+    """The calculator agent, except that from group ``GATED_FROM`` on it waits, its trajectory opened, until the
+    file ``$TRAJBUS_TEST_AGENT_GATE`` exists (it touches ``<gate>.waiting`` first): a kill meanwhile finds those
+    groups cut, however fast or slow the machine."""
+    gate = os.environ.get(GATE)
+    if gate and sample.group_index >= GATED_FROM:
+        Path(gate + ".waiting").touch()
+        while not Path(gate).exists():
+            time.sleep(0.05)
     return calculator_agent(base_url, sample, sampling)
 
 

@@ -9,6 +9,7 @@ as ``PPOTrainer._build_replay_buffer`` builds it for the sync trainer.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -80,3 +81,18 @@ def replay_buffer(config: Any, batch_size: int) -> Any:
 def failing_agent(base_url: str, sample: Any, sampling: dict[str, Any]) -> float:
     """An agent whose environment breaks before its first call."""
     raise RuntimeError(f"the environment of session {sample.index} is gone")
+
+
+GATED: set[int] = set()
+"""Dataset indices whose agents wait (the crash driver fills it in its own process, where the agents run)."""
+_never = threading.Event()
+
+
+def gated_agent(base_url: str, sample: Any, sampling: dict[str, Any]) -> float | None:
+    """The calculator agent, except for a prompt in ``GATED``: its agents wait, trajectories opened, until the
+    process is killed (a group provably cut by the kill)."""
+    from trajbus.pipelines.slime.agents import calculator_agent
+
+    if int(sample.fields["index"]) in GATED:
+        _never.wait()
+    return calculator_agent(base_url, sample, sampling)

@@ -9,8 +9,10 @@ read with ``kv_batch_get`` and "trained" (its prompts' dataset indices appended,
 data: ``global_step_N/data.pt`` (the dataloader's state) and ``latest_checkpointed_iteration.txt``. A
 resume starts from the newest checkpoint, as ``_load_checkpoint`` does.
 
-At step ``STOP_AT`` (0: never) it prints ``READY <step>`` once the step's batch is sampled, before training
-it, and waits to be killed. At the end it prints one JSON line of the manager's counts.
+At step ``STOP_AT`` (0: never) the agents of the step's second prompt wait (``tests.verl_v1.gated_agent``):
+once the first prompt is ``finished`` in TransferQueue it prints ``READY <step>`` and waits to be killed, its
+step neither sampled nor trained, one group ready and one cut. At the end it prints one JSON line of the
+manager's counts.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 import ray
 import torch
 
-from tests.verl_v1 import MANAGER, MANAGER_KEY, register, replay_buffer, verl_config
+from tests.verl_v1 import GATED, MANAGER, MANAGER_KEY, register, replay_buffer, verl_config
 
 PROMPTS = 8
 
@@ -85,12 +87,16 @@ def main() -> None:
         batch_dict["uid"] = np.array([str(uuid.uuid4()) for _ in batch_dict["raw_prompt"]], dtype=object)
         batch = tu.get_tensordict(batch_dict)
         tu.assign_non_tensor_data(batch, "global_steps", step)
-        register(tq, batch, step)
-        manager.generate_sequences(batch)
-        sampled, _ = buffer.sample(global_steps=step, partition_id="train", batch_size=2)
+        uids = register(tq, batch, step)
         if step == stop_at:
+            GATED.add(int(batch_dict["index"][1]))
+        manager.generate_sequences(batch)
+        if step == stop_at:
+            while tq.kv_list("train")["train"][uids[0]]["status"] != "finished":
+                time.sleep(0.05)
             print(f"READY {step}", flush=True)
             time.sleep(3600)
+        sampled, _ = buffer.sample(global_steps=step, partition_id="train", batch_size=2)
         data = tq.kv_batch_get(keys=sampled.keys, partition_id="train", select_fields=["index", "input_ids"])
         trained(workdir / "trained.jsonl", step, sorted({int(i) for i in data["index"]}))
         tq.kv_clear(keys=sampled.keys, partition_id="train")

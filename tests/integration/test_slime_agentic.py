@@ -30,6 +30,7 @@ from trajbus.streams.wire.records import ReadyGroup, Step
 from trajbus.streams.wire.topics import groups_topic
 from tests.helpers import agent_stack, end_offsets, wait_for
 from tests.lifecycle_driver import prompt_of
+from tests.slime_agentic_driver import GATE
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = ROOT / "tests" / "slime_standin"
@@ -212,11 +213,12 @@ def test_args_none_as_slimes_contract_test_calls_it(stack, slime_standin, monkey
         assert isinstance(sample.status, slime_standin.Sample.Status) and sample.rollout_id == sample.index
 
 
-def driver(stack: Stack, tmp_path: Path, args_file: Path, checkpoints: Path) -> ServiceProcess:
+def driver(stack: Stack, tmp_path: Path, args_file: Path, checkpoints: Path, gate: Path | None = None
+           ) -> ServiceProcess:
     count = len(list(tmp_path.glob("loop*.log")))
+    env = {"PYTHONPATH": str(ROOT), **({GATE: str(gate)} if gate is not None else {})}
     return ServiceProcess(["--args", str(args_file), "--checkpoint-dir", str(checkpoints), "--last-rollout", "2"],
-                          tmp_path / f"loop{count}.log", env={"PYTHONPATH": str(ROOT)},
-                          module="tests.slime_agentic_driver").start()
+                          tmp_path / f"loop{count}.log", env=env, module="tests.slime_agentic_driver").start()
 
 
 def said(process: ServiceProcess, line: str) -> bool:
@@ -228,17 +230,19 @@ def test_a_kill_9_after_rollout_1_resumed_from_load_1_trains_every_prompt_once(s
     args_file = tmp_path / "args.json"
     args_file.write_text(json.dumps(slime_args(
         stack, tmp_path, "slimekill", 32, save=str(checkpoints), load=str(checkpoints),
-        trajbus_agent_path="tests.slime_agentic_driver:slow_calculator_agent")))
+        trajbus_agent_path="tests.slime_agentic_driver:gated_calculator_agent")))
     topic = groups_topic("slimekill", stack.prefix)
-    loop = driver(stack, tmp_path, args_file, checkpoints)
+    gate = tmp_path / "gate"
+    loop = driver(stack, tmp_path, args_file, checkpoints, gate)
     try:
         wait_for(lambda: said(loop, "saved 1") or not loop.alive(), 60, "rollout 1 trained and saved")
-        wait_for(lambda: sum(end_offsets(stack.servers, topic)) >= 20 or not loop.alive(), 60,
-                 "4 groups of rollout 2 ready")
+        wait_for(lambda: (sum(end_offsets(stack.servers, topic)) >= 20 and gate.with_suffix(".waiting").exists())
+                 or not loop.alive(), 60, "4 groups of rollout 2 ready and agents of its last 8 at the gate")
         assert loop.alive(), loop.log_tail()
-        loop.kill()  # mid rollout 2: groups ready, read or not, and agents in flight
+        loop.kill()  # mid rollout 2: groups ready, read or not, and the gated groups cut (their agents wait)
         assert not said(loop, "saved 2")
-        loop = driver(stack, tmp_path, args_file, checkpoints)
+        gate.touch()
+        loop = driver(stack, tmp_path, args_file, checkpoints, gate)
         wait_for(lambda: said(loop, "done") or not loop.alive(), 90, "the resumed loop to finish")
         assert said(loop, "done"), loop.log_tail()
     finally:

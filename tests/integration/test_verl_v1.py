@@ -28,6 +28,7 @@ from trajbus.consumers import BatchConsumer
 from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.verl.settings import VerlQueueSettings
 from trajbus.infra import ray_exit
+from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.processes import free_port, gateway_process, scripted_engine_process, wait_http
 from trajbus.pipelines.slime.harness import SAMPLE_INDEX
 from trajbus.pipelines.verl import VerlAgentLoopManager
@@ -229,6 +230,7 @@ def printed(process: subprocess.Popen, line: str, timeout: float) -> bool:
 def run_driver(stack: Stack, gateway: str, workdir: Path, stop_at: int) -> subprocess.Popen:
     env = {**os.environ, "TRAJBUS_BOOTSTRAP_SERVERS": stack.servers, "TRAJBUS_VERL_PREFIX": stack.prefix,
            "TRAJBUS_VERL_CHANNEL": "v1crash", "TRAJBUS_VERL_GATEWAY_URL": gateway, "PYTHONPATH": str(ROOT),
+           "TRAJBUS_VERL_AGENT": "tests.verl_v1.gated_agent",
            "RAY_ADDRESS": ""}
     return subprocess.Popen([sys.executable, str(ROOT / "tests" / "verl_v1_crash_driver.py"), str(workdir),
                              str(stack.model_dir), str(stop_at)], env=env, stdout=subprocess.PIPE,
@@ -237,9 +239,10 @@ def run_driver(stack: Stack, gateway: str, workdir: Path, stop_at: int) -> subpr
 
 def test_a_kill_9_mid_step_resumed_from_the_checkpoint_trains_each_prompt_once_and_regenerates_none(
         stack, recorded_gateway, tmp_path):
-    """Checkpoints at step 2; the trainer is killed (its whole process group, Ray included) in step 3, after
-    the step's groups were sampled and before they were trained. The resumed trainer draws step 3's prompts
-    again under new uids: the manager finds them on the ledger and writes their groups from Kafka."""
+    """Checkpoints at step 2; the trainer is killed (its whole process group, Ray included) in step 3, one of
+    the step's groups ready, the other's agents waiting mid-trajectory. The resumed trainer draws step 3's
+    prompts again under new uids: the manager finds both on the ledger, writes the ready group from Kafka and
+    generates the cut one again (the worker dropped it when the manager abandoned it)."""
     gateway, record = recorded_gateway
     first = run_driver(stack, gateway, tmp_path, stop_at=3)
     try:
@@ -257,9 +260,14 @@ def test_a_kill_9_mid_step_resumed_from_the_checkpoint_trains_each_prompt_once_a
     trained = [json.loads(line) for line in (tmp_path / "trained.jsonl").read_text().splitlines()]
     assert [entry["step"] for entry in trained] == [1, 2, 3, 4]
     assert sorted(i for entry in trained for i in entry["indices"]) == list(range(8))  # each prompt once
-    assert counts == {"resumed": 2, "written": 4}  # step 3's two groups came from Kafka
+    assert counts == {"resumed": 1, "written": 4}  # step 3's ready group came from Kafka
     assert calls_per_index(record, stack.model_dir) == {i: 2 for i in range(8)}  # n = 2 calls each, no more
-    assert before == 6 * 2  # steps 1-3 were generated before the kill, step 4 after
+    assert before == 5 * 2  # steps 1-2 and step 3's ready prompt were generated before the kill
+    with PromptLedger(stack.servers, "v1crash", stack.prefix) as ledger:
+        ledger.refresh()
+        reissued = [d for d in ledger.view.dispatched.values() if d.source == "reissue"]
+        abandoned = [uid for uid in ledger.view.dispatched if ledger.view.dropped_for(uid) == "abandoned"]
+    assert len(reissued) == 1 and [reissued[0].origin] == abandoned  # the cut group, generated once more
 
 
 def test_an_async_reissue_keeps_its_uid_and_is_written_from_kafka(stack, tq, recorded_gateway, monkeypatch):
