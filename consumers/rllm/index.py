@@ -4,7 +4,9 @@ Pure and single-threaded (the store holds a lock around it): ``consumers.rllm.fe
 record once, in its partition's order, so building it costs the traces written, once, and a read
 costs the traces it returns (a session's are kept sorted), never sessions x traces. It keeps
 the live traces only: a deleted incarnation's go at its tombstone, and a trace of it that comes
-later (a write racing the delete) is ignored, as trajbus's worker counts it late.
+later (a write racing the delete) is ignored, as trajbus's worker counts it late. A trace that is
+no step (``consumers.rllm.kept``) is a trace of its session and incarnation like any other, but it
+holds no step index: ``steps`` and ``last`` are the steps the worker sees.
 """
 
 from __future__ import annotations
@@ -13,12 +15,16 @@ import bisect
 from collections import defaultdict
 from typing import Any
 
+from trajbus.consumers.rllm.kept import KeptTrace
 from trajbus.consumers.rllm.traces import TraceEntry
 
-__all__ = ["TraceIndex"]
+__all__ = ["Trace", "TraceIndex"]
+
+Trace = TraceEntry | KeptTrace
+"""A stored trace: a step on the steps topic, or one kept on the store's own topic."""
 
 
-def _key(entry: TraceEntry) -> tuple[float, int]:
+def _key(entry: Trace) -> tuple[float, int]:
     return entry.sort_key
 
 
@@ -26,36 +32,40 @@ class TraceIndex:
     """Live traces by id, by session (sorted by store time) and by incarnation (by step index)."""
 
     def __init__(self) -> None:
-        self._traces: dict[str, TraceEntry] = {}
-        self._sessions: dict[str, list[TraceEntry]] = {}
+        self._traces: dict[str, Trace] = {}
+        self._sessions: dict[str, list[Trace]] = {}
         self._incarnations: dict[str, dict[int, TraceEntry]] = defaultdict(dict)
+        self._kept: dict[str, list[KeptTrace]] = defaultdict(list)
         self._ended: set[str] = set()
         self._deleted: set[str] = set()
 
     # -- the feed's updates ---------------------------------------------------------
-    def add(self, entry: TraceEntry) -> bool:
+    def add(self, entry: Trace) -> bool:
         """Apply a trace read from the topic; False when ignored (its id is known: the first one read
         stands, as the worker keeps a step's first copy; or its incarnation was deleted)."""
         if entry.trace_id in self._traces or entry.trajectory_uid in self._deleted:
             return False
         self._traces[entry.trace_id] = entry
         bisect.insort(self._sessions.setdefault(entry.session_id, []), entry, key=_key)
-        self._incarnations[entry.trajectory_uid][entry.step_index] = entry
+        if isinstance(entry, KeptTrace):
+            self._kept[entry.trajectory_uid].append(entry)
+        else:
+            self._incarnations[entry.trajectory_uid][entry.step_index] = entry
         return True
 
     def end(self, trajectory_uid: str) -> None:
         """The incarnation was ended (``end_session``): the session's next trace starts a new one."""
-        if trajectory_uid in self._incarnations:
+        if trajectory_uid in self._incarnations or trajectory_uid in self._kept:
             self._ended.add(trajectory_uid)
 
     def delete(self, session_id: str, trajectory_uid: str) -> int:
         """A tombstone: the incarnation's traces go; returns how many."""
         self._deleted.add(trajectory_uid)
         self._ended.discard(trajectory_uid)
-        gone = self._incarnations.pop(trajectory_uid, {})
+        gone = [*self._incarnations.pop(trajectory_uid, {}).values(), *self._kept.pop(trajectory_uid, [])]
         if not gone:
             return 0
-        for entry in gone.values():
+        for entry in gone:
             del self._traces[entry.trace_id]
         kept = [entry for entry in self._sessions.get(session_id, []) if entry.trajectory_uid != trajectory_uid]
         if kept:
@@ -65,7 +75,7 @@ class TraceIndex:
         return len(gone)
 
     # -- reads ------------------------------------------------------------------------
-    def get(self, trace_id: str) -> TraceEntry | None:
+    def get(self, trace_id: str) -> Trace | None:
         return self._traces.get(trace_id)
 
     def size(self) -> tuple[int, int]:
@@ -73,7 +83,7 @@ class TraceIndex:
         return len(self._sessions), len(self._traces)
 
     def session_traces(self, session_id: str, since: float | None = None, limit: int | None = None
-                       ) -> list[TraceEntry]:
+                       ) -> list[Trace]:
         """A session's traces stored at or after ``since``, oldest first, at most ``limit``."""
         entries = self._sessions.get(session_id, [])
         start = 0 if since is None else bisect.bisect_left(entries, since, key=lambda e: e.created_at)
@@ -96,11 +106,11 @@ class TraceIndex:
         return list(dict.fromkeys(entry.trajectory_uid for entry in self._sessions.get(session_id, [])))
 
     def steps(self, trajectory_uid: str) -> list[int]:
-        """The step indices of an incarnation's live traces."""
+        """The step indices of an incarnation's live steps (its kept traces hold none)."""
         return sorted(self._incarnations.get(trajectory_uid, {}))
 
     def last(self, trajectory_uid: str) -> TraceEntry | None:
-        """An incarnation's trace of the highest step index."""
+        """An incarnation's step of the highest step index."""
         steps = self._incarnations.get(trajectory_uid)
         return steps[max(steps)] if steps else None
 

@@ -8,7 +8,7 @@ they read the gateway's own steps:
 trace                  Step
 =====================  ==================================================================
 prompt_token_ids       ``prompt_ids``
-completion_token_ids   ``response_ids`` (at least one: a trace without them is refused)
+completion_token_ids   ``response_ids`` (at least one: else the trace is no step, ``kept``)
 logprobs               ``rollout_log_probs`` (float32 on the wire, as engines report them)
 weight_version         ``policy_version`` (None or missing: 0, and given back as it was)
 session_id             ``trajectory_uid`` and ``prompt_uid``: the session's *incarnation*
@@ -82,7 +82,8 @@ def check_ids(trace_id: object, session_id: object) -> None:
 
 def trace_step(trace_id: str, session_id: str, data: dict[str, Any], trajectory_uid: str, step_index: int,
                created_at: float | None = None) -> Step:
-    """The Step that carries ``data``, checked; a ``ValueError`` names the trace key at fault."""
+    """The Step that carries ``data``, checked; a ``ValueError`` names the trace key at fault (such a trace
+    is no training step: the store keeps it on its own topic, ``consumers.rllm.kept``)."""
     check_ids(trace_id, session_id)
     if not isinstance(data, dict):
         raise ValueError(f"data: a trace is a dict, got {type(data).__name__}")
