@@ -30,6 +30,7 @@ from trajbus.infra.retry import retrying
 from trajbus.infra.tracing import OFF, configure
 from trajbus.consumers import metrics
 from trajbus.consumers.backends import TrainingBackend
+from trajbus.consumers.commits import GroupCommits
 from trajbus.consumers.contact import ContactWatch
 from trajbus.consumers.fetch_traces import fetch_traces
 from trajbus.consumers.rows import check_group
@@ -91,6 +92,7 @@ class BatchConsumer:
             **config,
         })
         self._dlq: Producer | None = None
+        self._commits = GroupCommits(self._consumer, self.group_id, outage_limit or OUTAGE_LIMIT)
         self._chunks = ChunkReader(self.bootstrap_servers)
         self.backend = backend
         self._held: list[tuple[StructuredGroup, int, int]] = []
@@ -150,6 +152,7 @@ class BatchConsumer:
             if remaining <= 0:
                 return None
             message = self._consumer.poll(min(remaining, 1.0))
+            self._commits.retry_pending()
             if message is None:
                 self._watch.check(deadline)
                 continue
@@ -320,10 +323,10 @@ class BatchConsumer:
         return None
 
     def commit(self) -> None:
-        """Make the position after the last group handed out durable in the consumer group."""
+        """Make the position after the last group handed out durable in the consumer group, through a
+        coordinator's move; a consumer the group lost makes it once rejoined (``consumers.commits``)."""
         if self._positions:
-            self._consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in self._positions.items()],
-                                  asynchronous=False)
+            self._commits.commit([TopicPartition(self.topic, p, o) for p, o in self._positions.items()])
 
     def close(self) -> None:
         """Leave the consumer group (without committing: call ``commit()`` first)."""

@@ -196,11 +196,14 @@ class Flow:
         self.stop = threading.Event()
         self.load = threading.Thread(target=submit_until_stopped, args=(producer, self.acked, self.stop, name))
 
-    def receive_until(self, done, timeout: float, what: str) -> None:
+    def receive_until(self, done, timeout: float, what: str, commit: bool = False) -> None:
+        """Fetch until ``done()``; ``commit``: after each group, as a training loop does after its step."""
         def step() -> bool:
             group = self.trainer.fetch_group(1.0)
             if group is not None:
                 self.received.append(group.prompt_uid)
+                if commit:
+                    self.trainer.commit()
             return done()
         wait_for(step, timeout, what, interval=0)
 

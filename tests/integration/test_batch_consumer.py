@@ -110,3 +110,48 @@ def test_verl_grpo_on_groups_that_came_through_the_broker(bootstrap_servers, pre
         expected = (group - group.mean()) / (group.std() + 1e-6)
         for row, value in zip(rows, expected):
             assert torch.allclose(advantages[row][mask[row]], value.expand(int(mask[row].sum())), atol=1e-5)
+
+
+def test_a_commit_the_group_refuses_for_a_lost_member_is_made_once_the_trainer_rejoined(bootstrap_servers,
+                                                                                         prefix, start_worker):
+    """Arranged, not waited for: a second consumer joins the trainer's group and the trainer does not poll
+    within the rebalance's limit (its ``max.poll.interval.ms``, 10 s here), so the group goes on without it,
+    as a dead coordinator's node leaves a member whose session ran out. Its commit then is refused for an
+    unknown member: no exception reaches the loop, the commit is made at a later fetch, once the trainer
+    joined again, and the trainer hands out no group twice (it reads on from its own position)."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from trajbus.infra.clients import reader
+
+    sent, stream = make_groups(4, 2, 1, seed=5)
+    through_worker(bootstrap_servers, prefix, start_worker, stream, n_rollouts=2)
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0})
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix, **{"max.poll.interval.ms": 10000}) as trainer:
+        probe = reader(bootstrap_servers, {"group.id": trainer.group_id})
+        got = [group.prompt_uid for group in fetch_groups(trainer, 1, 60)]
+        position = {int(p): o for p, o in trainer.state_dict()["positions"].items()}
+
+        def committed() -> dict[int, int]:
+            asked = [TopicPartition(trainer.topic, p) for p in position]
+            return {tp.partition: tp.offset for tp in probe.committed(asked, timeout=10)}
+
+        def members() -> int:
+            return len(admin.describe_consumer_groups([trainer.group_id])[trainer.group_id].result(timeout=10).members)
+
+        with BatchConsumer("train", bootstrap_servers, prefix=prefix) as joining:
+            wait_for(lambda: joining.fetch_group(timeout=0.5) is None and members() == 1, 60,
+                     "the group gone on without the trainer")
+            trainer.commit()  # refused: the group no longer knows the trainer; no exception
+            assert committed() != position
+        # the other member left: the trainer, rejoining at its next fetch, holds every partition again
+
+        def fetch_until_committed() -> bool:
+            group = trainer.fetch_group(0.5)
+            if group is not None:
+                got.append(group.prompt_uid)
+            return committed() == position
+
+        wait_for(fetch_until_committed, 60, "the refused commit made once the trainer rejoined")
+        probe.close()
+    assert len(got) == len(set(got)), "the trainer handed a group out twice"

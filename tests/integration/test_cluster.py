@@ -113,6 +113,37 @@ def test_a_node_lost_for_good(cluster: EmbeddedCluster, servers: str, prefix: st
         successor.stop()
 
 
+def coordinator_of(servers: str, group_id: str) -> int:
+    """The node that coordinates a consumer group."""
+    admin = AdminClient({"bootstrap.servers": servers, "log_level": 0})
+    return admin.describe_consumer_groups([group_id])[group_id].result(timeout=30).coordinator.id
+
+
+def test_a_training_loop_rides_through_the_death_of_its_groups_coordinator(cluster: EmbeddedCluster, servers: str,
+                                                                             prefix: str, tmp_path: Path):
+    """Three rounds: the node that coordinates the trainer's consumer group is SIGKILLed while the loop fetches
+    and commits after each group, then started again. The loop sees no exception (a commit the coordinator's
+    move fails is retried; one the group refuses for a lost member is made once the consumer rejoined), every
+    acknowledged group is trained exactly once, and the worker keeps running."""
+    worker = worker_process(servers, prefix, tmp_path / "worker.log", n_rollouts=2)
+    try:
+        with flowing(servers, prefix, worker) as flow:
+            for round_ in range(3):
+                flow.receive_until(lambda: len(flow.received) >= 6 * round_ + 3, 120, "groups before the kill",
+                                   commit=True)
+                victim = cluster.node(coordinator_of(servers, flow.trainer.group_id))
+                kill(victim)
+                flow.more_acked(3)
+                flow.receive_until(lambda: len(flow.received) >= 6 * round_ + 6, 120, "groups after the kill",
+                                   commit=True)
+                victim.start()
+                wait_for(lambda: fully_replicated(servers), 120, "the coordinator's node back in sync")
+            flow.finish()
+        assert worker.alive(), f"the worker died:\n{worker.log_tail()}"
+    finally:
+        worker.stop()
+
+
 def test_a_rolling_restart_loses_and_repeats_nothing(cluster: EmbeddedCluster, servers: str, prefix: str,
                                                      tmp_path: Path):
     worker = worker_process(servers, prefix, tmp_path / "worker.log", n_rollouts=2)
