@@ -1,4 +1,6 @@
-"""verl V1's sync training loop, as far as its data goes: ``python tests/verl_v1_crash_driver.py WORKDIR MODEL_DIR STOP_AT``.
+"""verl V1's sync training loop, as far as its data goes.
+
+``python tests/verl_v1_crash_driver.py WORKDIR MODEL_DIR STOP_AT``.
 
 Each step does what ``PPOTrainer.fit`` does with the data, with verl's own pieces: the dataloader
 (``StatefulDataLoader``, ``create_rl_sampler``, ``collate_fn``) draws ``train_batch_size`` prompts, each gets

@@ -1,4 +1,6 @@
-"""verl V1's plug point in its real process layout: ``python tests/verl_v1_layout_driver.py ENGINE MODEL_DIR [OVERRIDE...]``.
+"""verl V1's plug point in its real process layout.
+
+``python tests/verl_v1_layout_driver.py ENGINE MODEL_DIR [OVERRIDE...]``.
 
 A fresh local Ray cluster; verl's ``TaskRunnerV1`` runs as a Ray actor, as ``main_ppo`` runs it, and its own
 ``init_agent_loop_manager`` builds the agent-loop manager that the config's key names (the overrides: only
@@ -70,7 +72,8 @@ class LayoutRunner(TaskRunnerV1.__ray_actor_class__):
                     "gateway": manager.harness.gateway_url, "own_services": manager.services is not None,
                     "statuses": [tags.get(uid, {}).get("status") for uid in uids],
                     "keys": sorted(key for key in tags if not tags[key].get("is_prompt")),
-                    "expected_keys": sorted(f"{uid}_{s}_0" for uid in uids for s in range(config.actor_rollout_ref.rollout.n))}
+                    "expected_keys": sorted(f"{uid}_{s}_0" for uid in uids
+                                            for s in range(config.actor_rollout_ref.rollout.n))}
         finally:
             if self.agent_loop_manager is not None:
                 self.agent_loop_manager.close()

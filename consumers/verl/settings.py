@@ -3,8 +3,9 @@
 They serve both ways in: the fully-async trainer's queue (``queue``, ``topic``) and the V1 trainer's
 agent-loop manager (``pipelines.verl``: ``gateway_url``, ``agent``, ``agent_concurrency``,
 ``val_channel``); ``prefix`` and ``channel`` mean the same to both. verl's command line belongs to verl
-(hydra), so trajbus is tuned by environment variables, which verl's Ray workers inherit from the launching shell on a local cluster (on a
-cluster started apart, pass them with ``+ray_kwargs.ray_init.runtime_env.env_vars``).
+(hydra), so trajbus is tuned by environment variables, which verl's Ray workers inherit from the
+launching shell on a local cluster (on a cluster started apart, pass them with
+``+ray_kwargs.ray_init.runtime_env.env_vars``).
 """
 
 from __future__ import annotations
