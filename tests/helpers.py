@@ -17,8 +17,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from trajbus.consumers import BatchConsumer
-from trajbus.pipelines.processes import (ServiceProcess, free_port, gateway_process, scripted_engine_process,
-                                         wait_http, worker_process)
+from trajbus.infra.local import free_ports
+from trajbus.pipelines.processes import (ServiceProcess, gateway_process, scripted_engine_process, wait_http,
+                                         worker_process)
 from trajbus.pipelines.synthetic import group_steps
 from trajbus.streams.wire import codec
 from trajbus.streams.wire.prefix import PrefixResolver, StepDelta
@@ -37,7 +38,8 @@ def agent_stack(bootstrap_servers: str, prefix: str, channels: tuple[str, ...], 
     with StepProducer(bootstrap_servers, prefix=prefix) as producer:
         for channel in channels:
             producer.provision(channel)
-    engine_port, gateway_port = free_port(), free_port()
+    engine_port = free_ports(2)  # two ports, distinct (two free_port() calls can draw the same one)
+    gateway_port = engine_port + 1
     started = [scripted_engine_process(engine_port, logs, model_dir, replies, workers=8).start(),
                worker_process(bootstrap_servers, prefix, logs / "worker.log", channels=",".join(channels)).start(),
                gateway_process(bootstrap_servers, prefix, [f"127.0.0.1:{engine_port}"], model_dir, gateway_port,

@@ -29,7 +29,8 @@ from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.verl.settings import VerlQueueSettings
 from trajbus.infra import ray_exit
 from trajbus.pipelines.ledger import PromptLedger
-from trajbus.pipelines.processes import free_port, gateway_process, scripted_engine_process, wait_http
+from trajbus.infra.local import free_ports
+from trajbus.pipelines.processes import gateway_process, scripted_engine_process, wait_http
 from trajbus.pipelines.slime.harness import SAMPLE_INDEX
 from trajbus.pipelines.verl import VerlAgentLoopManager
 from tests.helpers import agent_stack, wait_for
@@ -188,7 +189,8 @@ def test_the_one_key_on_verls_config_builds_trajbus_manager_in_verls_task_runner
 def recorded_gateway(stack: Stack, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A gateway (on the file's worker) at an engine of its own that records every prompt it is sent and
     answers each call at once, one call per trajectory: the engine's calls per prompt are countable."""
-    engine_port, gateway_port, record = free_port(), free_port(), tmp_path / "engine-calls.jsonl"
+    engine_port, record = free_ports(2), tmp_path / "engine-calls.jsonl"  # two distinct ports
+    gateway_port = engine_port + 1
     started = [scripted_engine_process(engine_port, tmp_path, stack.model_dir, ["It is 42."], record=record).start(),
                gateway_process(stack.servers, stack.prefix, [f"127.0.0.1:{engine_port}"], stack.model_dir,
                                gateway_port, tmp_path / "gateway-state", tmp_path / "gateway.log",
