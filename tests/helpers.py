@@ -31,24 +31,27 @@ T = TypeVar("T")
 
 @contextlib.contextmanager
 def agent_stack(bootstrap_servers: str, prefix: str, channels: tuple[str, ...], model_dir: object, logs: object,
-                replies: list, gateway_args: list[str]) -> Iterator[tuple[str, int]]:
-    """A scripted engine (8 generations at once), a stream worker for ``channels`` and a gateway at the engine,
-    all started at once (the gateway is ready once the engine answers) and stopped at once; yields the
-    gateway's URL and the engine's port. The channels' topics are provisioned first."""
+                replies: list, gateway_args: list[str], record: object = None) -> Iterator[tuple[str, int]]:
+    """A scripted engine (8 generations at once; ``record``: the file it writes every prompt to), a stream
+    worker for ``channels`` (none without channels: one already serves them) and a gateway at the engine, all
+    started at once (the gateway is ready once the engine answers) and stopped at once; yields the gateway's
+    URL and the engine's port. The channels' topics are provisioned first."""
     with StepProducer(bootstrap_servers, prefix=prefix) as producer:
         for channel in channels:
             producer.provision(channel)
     engine_port = free_ports(2)  # two ports, distinct (two free_port() calls can draw the same one)
     gateway_port = engine_port + 1
-    started = [scripted_engine_process(engine_port, logs, model_dir, replies, workers=8).start(),
-               worker_process(bootstrap_servers, prefix, logs / "worker.log", channels=",".join(channels)).start(),
-               gateway_process(bootstrap_servers, prefix, [f"127.0.0.1:{engine_port}"], model_dir, gateway_port,
-                               logs / "gateway-state", logs / "gateway.log", gateway_args).start()]
+    started = [scripted_engine_process(engine_port, logs, model_dir, replies, record=record, workers=8).start()]
+    if channels:
+        started.append(worker_process(bootstrap_servers, prefix, logs / "worker.log",
+                                      channels=",".join(channels)).start())
+    started.append(gateway_process(bootstrap_servers, prefix, [f"127.0.0.1:{engine_port}"], model_dir,
+                                   gateway_port, logs / "gateway-state", logs / "gateway.log", gateway_args).start())
     try:
         wait_http(f"http://127.0.0.1:{gateway_port}/ready", 120, started[-1])
         yield f"http://127.0.0.1:{gateway_port}", engine_port
     finally:
-        for process in started:  # all three stop at once, then each is waited for
+        for process in started:  # all stop at once, then each is waited for
             if process.alive():
                 process.process.send_signal(signal.SIGTERM)
         for process in started:

@@ -29,8 +29,6 @@ from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.verl.settings import VerlQueueSettings
 from trajbus.infra import ray_exit
 from trajbus.pipelines.ledger import PromptLedger
-from trajbus.infra.local import free_ports
-from trajbus.pipelines.processes import gateway_process, scripted_engine_process, wait_http
 from trajbus.pipelines.slime.harness import SAMPLE_INDEX
 from trajbus.pipelines.verl import VerlAgentLoopManager
 from tests.helpers import agent_stack, wait_for
@@ -189,18 +187,10 @@ def test_the_one_key_on_verls_config_builds_trajbus_manager_in_verls_task_runner
 def recorded_gateway(stack: Stack, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A gateway (on the file's worker) at an engine of its own that records every prompt it is sent and
     answers each call at once, one call per trajectory: the engine's calls per prompt are countable."""
-    engine_port, record = free_ports(2), tmp_path / "engine-calls.jsonl"  # two distinct ports
-    gateway_port = engine_port + 1
-    started = [scripted_engine_process(engine_port, tmp_path, stack.model_dir, ["It is 42."], record=record).start(),
-               gateway_process(stack.servers, stack.prefix, [f"127.0.0.1:{engine_port}"], stack.model_dir,
-                               gateway_port, tmp_path / "gateway-state", tmp_path / "gateway.log",
-                               ["--prompt-length", "768", "--response-length", "256"]).start()]
-    try:
-        wait_http(f"http://127.0.0.1:{gateway_port}/ready", 120, started[-1])
-        yield f"http://127.0.0.1:{gateway_port}", record
-    finally:
-        for process in started:
-            process.stop()
+    record = tmp_path / "engine-calls.jsonl"
+    with agent_stack(stack.servers, stack.prefix, (), stack.model_dir, tmp_path, ["It is 42."],
+                     ["--prompt-length", "768", "--response-length", "256"], record=record) as (url, _):
+        yield url, record
 
 
 def calls_per_index(record: Path, model_dir: Path) -> dict[int, int]:
