@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP  := $(VENV)/.installed
 
-.PHONY: install broker browser demo test test-unit bench clean
+.PHONY: install broker browser demo test test-unit docs bench clean
 
 # Bytecode is compiled once at install: every worker, gateway and trainer process would otherwise
 # compile its imports again wherever bytecode is not written (PYTHONDONTWRITEBYTECODE; verl alone ~10 s).
@@ -50,8 +50,12 @@ test: broker browser
 test-unit: install
 	$(BIN)/python -m pytest tests/unit
 
+# The docs site from docs/ (mkdocs.yml), live at http://127.0.0.1:8008 (8000 is the examples' inference server).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8008
+
 bench: broker
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache site

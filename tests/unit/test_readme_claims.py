@@ -1,6 +1,6 @@
-"""What README.md says that the code can check without a broker: every block that
-tests/integration/test_readme.py does not run is at least parsed here, and the
-README's words about discovery and provisioning are the code's.
+"""What README.md and the docs site say that the code can check without a broker: every block that
+tests/integration/test_docs.py does not run is at least parsed here, and the pages' words about
+discovery and provisioning are the code's.
 
 - Every ``trajbus`` command line of every shell block parses with the CLI's own
   parser (``pipelines.cli.build_parser``), so a wrong flag or a usage bracket
@@ -23,16 +23,20 @@ from pathlib import Path
 import pytest
 from pytest_codeblocks import CodeBlock, extract_from_file
 
+from tests.docs_pages import README, ROOT, SESSIONS, name
+
 from trajbus.gateway.rewards import answer_match
 from trajbus.infra import bootstrap
 from trajbus.pipelines.cli import build_parser
 from trajbus.streams.wire.topics import DEFAULT_CHANNELS, TopicSettings
 
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-BLOCKS = extract_from_file(README)
-SHELL_BLOCKS = [block for block in BLOCKS if block.syntax in ("bash", "sh")]
-PYTHON_BLOCKS = [block for block in BLOCKS if block.syntax == "python"]
+PAGES = [page for pages in SESSIONS.values() for page in pages]
+BLOCKS = [(page, block) for page in PAGES for block in extract_from_file(page)]
+SHELL_BLOCKS = [(page, block) for page, block in BLOCKS if block.syntax in ("bash", "sh")]
+PYTHON_BLOCKS = [(page, block) for page, block in BLOCKS if block.syntax == "python"]
+GETTING_STARTED = ROOT / "docs" / "getting-started.md"
+LAYOUT = ROOT / "docs" / "layout.md"
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 OPERATORS = {";", "&", "&&", "|", "||"}
 
@@ -83,17 +87,17 @@ def makefile_targets() -> set[str]:
     return set(re.findall(r"^([A-Za-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
 
 
-@pytest.mark.parametrize("block", SHELL_BLOCKS, ids=[f"line {b.lineno}" for b in SHELL_BLOCKS])
-def test_every_command_line_parses(block: CodeBlock):
+@pytest.mark.parametrize("page, block", SHELL_BLOCKS, ids=[f"{name(p)} line {b.lineno}" for p, b in SHELL_BLOCKS])
+def test_every_command_line_parses(page: Path, block: CodeBlock):
     for argv in command_lines(block.code):
         program = Path(argv[0]).name
         brackets = [word for word in argv if word.startswith("[") or word.endswith("]")]
-        assert not brackets, f"README line {block.lineno}: usage brackets in a command: {' '.join(argv)}"
+        assert not brackets, f"{name(page)} line {block.lineno}: usage brackets in a command: {' '.join(argv)}"
         if program == "trajbus":
             assert parse_error(argv[1:]) is None, \
-                f"README line {block.lineno}: `{' '.join(argv)}`: {parse_error(argv[1:])}"
+                f"{name(page)} line {block.lineno}: `{' '.join(argv)}`: {parse_error(argv[1:])}"
         elif program == "make":
-            assert set(argv[1:]) <= makefile_targets(), f"README line {block.lineno}: no such make target: {argv}"
+            assert set(argv[1:]) <= makefile_targets(), f"{name(page)} line {block.lineno}: no such make target: {argv}"
 
 
 def test_a_wrong_flag_is_caught():
@@ -101,16 +105,16 @@ def test_a_wrong_flag_is_caught():
         parse_error(["tail", "trajbus.steps.train", "[--from-beginning]", "[--json]"])
 
 
-@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[f"line {b.lineno}" for b in PYTHON_BLOCKS])
-def test_every_python_block_compiles_and_imports(block: CodeBlock):
-    tree = ast.parse(block.code, filename=f"README.md:{block.lineno}")
+@pytest.mark.parametrize("page, block", PYTHON_BLOCKS, ids=[f"{name(p)} line {b.lineno}" for p, b in PYTHON_BLOCKS])
+def test_every_python_block_compiles_and_imports(page: Path, block: CodeBlock):
+    tree = ast.parse(block.code, filename=f"{name(page)}:{block.lineno}")
     if block.marks:  # not run by the integration test: its imports at least
         imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
-        exec(compile(ast.Module(body=imports, type_ignores=[]), f"README.md:{block.lineno}", "exec"), {})
+        exec(compile(ast.Module(body=imports, type_ignores=[]), f"{name(page)}:{block.lineno}", "exec"), {})
 
 
 def test_the_discovery_paragraph_is_the_one_the_error_quotes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    assert f"Every component finds the broker the same way: {words(bootstrap.DISCOVERY)}." in words(README.read_text())
+    assert f"Every component finds the broker the same way: {words(bootstrap.DISCOVERY)}." in words(GETTING_STARTED.read_text())
     for way in ("--bootstrap-servers", bootstrap.ENV_VAR, "trajbus broker up", "TRAJBUS_STATE_DIR", "--state-dir"):
         assert way in bootstrap.DISCOVERY
     monkeypatch.setenv("TRAJBUS_STATE_DIR", str(tmp_path / "no-broker"))
@@ -124,14 +128,14 @@ def test_the_discovery_paragraph_is_the_one_the_error_quotes(monkeypatch: pytest
 def test_topics_create_is_described_as_it_provisions():
     specs = TopicSettings().specs(DEFAULT_CHANNELS)
     kinds = {spec.name.split(".")[1] for spec in specs}  # trajbus.steps.train -> steps, trajbus.dlq -> dlq
-    paragraph = words(README.read_text()).split("`topics --create` provisions ", 1)[1].split(" topics.", 1)[0]
+    paragraph = words(GETTING_STARTED.read_text()).split("`topics --create` provisions ", 1)[1].split(" topics.", 1)[0]
     assert f"default `{','.join(DEFAULT_CHANNELS)}`" in paragraph
     assert [kind for kind in sorted(kinds) if kind not in paragraph] == []
     assert paragraph.endswith(f": {len(specs)}"), paragraph
 
 
 def test_a_checkout_beside_a_script_is_explained():
-    text = words(README.read_text())
+    text = words(LAYOUT.read_text())
     assert "unknown location" in text and "trajbus-first.pth" in text
 
 
@@ -146,3 +150,13 @@ def test_answer_match_scores_the_final_answer(answer: str, reply: str, reward: f
 def test_answer_match_without_an_answer_says_where_it_goes():
     with pytest.raises(ValueError, match="give it at init_trajectory"):
         answer_match({"metadata": {}, "response_text": "7"})
+
+
+def test_the_readmes_links_lead_to_files():
+    """The site's links are checked by its strict build; the README's, read on a code host, here."""
+    targets = [target for target in LINK.findall(README.read_text()) if "://" not in target]
+    assert targets and [target for target in targets if not (ROOT / target).exists()] == []
+
+
+def test_the_readme_stays_a_first_screen():
+    assert len(README.read_text().splitlines()) <= 200
