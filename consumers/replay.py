@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import sys
 import time
 import uuid
 from datetime import datetime, timezone
@@ -30,6 +29,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.clients import acked_producer, reader
+from trajbus.infra.terminal import ProgressLine
 from trajbus.infra.topics import ensure_topics, read_partition, watermarks
 from trajbus.streams.wire import codec
 from trajbus.streams.wire.chunks import ChunkReader, produce_group
@@ -82,7 +82,8 @@ class Replay:
                  source: str = "groups", start_time: float | None = None, end_time: float | None = None,
                  start_offset: int | None = None, end_offset: int | None = None,
                  policy_versions: set[int] | None = None, max_groups_per_s: float | None = None,
-                 progress: bool = False) -> None:
+                 progress: ProgressLine | None = None) -> None:
+        """``progress``: where to count the records read (a terminal's line; ``trajbus replay``'s)."""
         if source not in SOURCES:
             raise ReplayError(f"source: expected one of {SOURCES}, got {source!r}")
         try:
@@ -157,20 +158,24 @@ class Replay:
 
     def records(self) -> Iterator[tuple[Any, Any]]:
         """(message, decoded record) of the window, partition after partition, in offset order."""
-        done, shown = 0, 0.0
-        for partition, (start, end) in self.ranges.items():
-            for message in self._read(partition, start, end):
-                done += 1
-                if self.progress and (time.monotonic() - shown > 0.5 or done == self.total):
-                    shown = time.monotonic()
-                    print(f"\rreplay {self.topic}: {done}/{self.total} records", end="", file=sys.stderr, flush=True)
-                try:
-                    yield message, self._whole(partition, message, codec.decode(message.value()))
-                except ValueError as exc:
-                    log.warning("replay skips undecodable record %s[%d]@%d: %s", self.topic, partition,
-                                message.offset(), exc)
-        if self.progress and self.total:
-            print(file=sys.stderr)
+        done = 0
+        try:
+            for partition, (start, end) in self.ranges.items():
+                for message in self._read(partition, start, end):
+                    done += 1
+                    if self.progress is not None:
+                        self.progress.update(f"replay {self.topic}: {done}/{self.total} records",
+                                             final=done == self.total)
+                    try:
+                        yield message, self._whole(partition, message, codec.decode(message.value()))
+                    except ValueError as exc:
+                        if self.progress is not None:
+                            self.progress.clear()  # a log line of its own, not one run into the count
+                        log.warning("replay skips undecodable record %s[%d]@%d: %s", self.topic, partition,
+                                    message.offset(), exc)
+        finally:
+            if self.progress is not None:
+                self.progress.clear()  # what is printed next starts on a clean line
 
     def _whole(self, partition: int, message: Any, record: Any) -> Any:
         """A step with its whole prompt. One that extends a step before the window is resolved by

@@ -373,12 +373,13 @@ class EmbeddedKafka:
         except OSError:
             return "(no broker log)"
 
-    def stop(self, timeout: float = 60.0) -> bool:
-        """Stop the broker with a controlled shutdown; SIGKILL only past the timeout."""
+    def stop(self, timeout: float = 60.0) -> BrokerState | None:
+        """Stop the broker with a controlled shutdown; SIGKILL only past the timeout. Returns the state of
+        the broker it stopped (``trajbus broker down`` names it), None when none was running."""
         state = self.read_state()
         if state is None:
-            return False
-        stopped = False
+            return None
+        stopped = None
         if pid_alive(state.pid):
             os.kill(state.pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout
@@ -389,6 +390,6 @@ class EmbeddedKafka:
                 log.warning("kafka broker did not stop in %.0fs; killing it", timeout)
                 os.kill(state.pid, signal.SIGKILL)
             reap(state.pid)
-            stopped = True
+            stopped = state
         self.state_file.unlink(missing_ok=True)
         return stopped

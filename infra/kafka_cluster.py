@@ -145,13 +145,15 @@ class EmbeddedCluster:
         running = [state for state in (node.status() for node in self.nodes()) if state is not None]
         return ClusterState(self.bootstrap_servers(), running, self.size) if running else None
 
-    def stop(self) -> bool:
-        """Stop every node (controlled shutdown, in parallel); whether any was running."""
+    def stop(self) -> list[tuple[EmbeddedKafka, BrokerState]]:
+        """Stop every node (controlled shutdown, in parallel: the last ones need their quorum); returns the
+        nodes that were running, each with the state it ran with (empty: none was)."""
         if not self.layout_file.exists():
-            return False
+            return []
         nodes = self.nodes()
         with ThreadPoolExecutor(len(nodes), thread_name_prefix="kafka-node") as pool:
-            return any(list(pool.map(EmbeddedKafka.stop, nodes)))
+            states = list(pool.map(EmbeddedKafka.stop, nodes))
+        return [(node, state) for node, state in zip(nodes, states) if state is not None]
 
 
 def layout_size(state_dir: Path | str | None = None) -> int | None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
-from trajbus.infra.kafka_broker import EmbeddedKafka
+from trajbus.infra.kafka_broker import BrokerState, EmbeddedKafka
 from trajbus.infra.kafka_cluster import MAX_NODES, EmbeddedCluster, layout_size
+from trajbus.infra.tansu_broker import TANSU_VERSION
 
 
 BROKER_LOGGERS = ("trajbus.infra.kafka_broker", "trajbus.infra.kafka_cluster")
@@ -81,11 +83,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     if args.action == "up":
         return _up(args, broker)
     if args.action == "down":
-        stopped = broker.stop()
-        if cluster is not None:  # and a single node left in the same directory, if any
-            stopped = EmbeddedKafka(state_dir=args.state_dir).stop() or stopped
-        print("broker stopped" if stopped else "broker was not running")
-        return 0
+        return _down(args, broker)
     state = broker.status()
     if state is None:
         print(f"broker not running (state dir {broker.state_dir})")
@@ -96,6 +94,26 @@ def cmd_broker(args: argparse.Namespace) -> int:
     else:
         print(f"{state.version} running, pid {state.pid}, data {state.data_dir}")
     print(state.bootstrap_servers)
+    return 0
+
+
+def _down(args: argparse.Namespace, broker: EmbeddedKafka | EmbeddedCluster) -> int:
+    """Stop what runs in the state directory and name each broker stopped: which one, its pid, its address
+    and its state (so a person sees ``down`` hit the broker they meant); exit 0 also when none ran."""
+    stopped: list[tuple[str, Path, BrokerState]] = []
+    for node, state in broker.stop() if isinstance(broker, EmbeddedCluster) else ():
+        assert node.node is not None, "a cluster's node knows its place"
+        stopped.append((f"node {node.node.node_id} of the Kafka cluster", node.state_dir, state))
+    # A cluster's directory may also hold a single node left from before: stopped too.
+    single = broker if isinstance(broker, EmbeddedKafka) else EmbeddedKafka(state_dir=args.state_dir)
+    state = single.stop()
+    if state is not None:
+        engine = "Tansu" if state.version == TANSU_VERSION else "Kafka"
+        stopped.append((f"the {engine} broker", single.state_dir, state))
+    for what, where, state in stopped:
+        print(f"stopped {what} (pid {state.pid}) at {state.bootstrap_servers}, state in {where}")
+    if not stopped:
+        print(f"no broker running in {single.state_dir}")
     return 0
 
 

@@ -23,6 +23,8 @@ from trajbus.infra.kafka_broker import BrokerError
 from trajbus.infra.kafka_config import KafkaConfigError, add_connection_arguments, apply_connection_arguments
 from trajbus.infra.logs import configure_logging
 from trajbus.infra.outage import KafkaUnreachable
+from trajbus.infra.terminal import quiet_on_broken_pipe
+from trajbus.pipelines import topics_table
 from trajbus.pipelines.tables import print_table
 from trajbus.pipelines.broker_command import BrokerUsageError, add_broker_parser
 from trajbus.pipelines.reading_commands import UsageError, add_reading_parsers
@@ -85,9 +87,8 @@ def cmd_topics(args: argparse.Namespace) -> int:
     if not infos:
         print(f"no topics under prefix {settings.prefix!r} (create them with --create)")
         return 0
-    print_table(["topic", "partitions", "records", "end offsets", "configs"],
-                [[info.name, info.partitions, info.records, ",".join(map(str, info.end_offsets)),
-                  " ".join(f"{k}={v}" for k, v in sorted(info.config.items()))] for info in infos])
+    print_table(topics_table.WIDE_COLUMNS if args.wide else topics_table.COLUMNS,
+                topics_table.rows(infos, wide=args.wide))
     lags = consumer_groups_lag(servers, f"{settings.prefix}.")
     if lags:
         print()
@@ -127,10 +128,13 @@ STATS_COLUMNS = [
     ("late_events", "late"), ("policy_version", "policy"), ("in_flight_groups", "gw in flight"),
     ("partitions_held", "partitions"),
 ]
+WIDE_ONLY_STATS = {"pending_trajectories", "duplicate_events", "late_events"}
+"""Columns of ``stats --wide`` only, so the default table fits 120 columns (a late event is counted on the
+``dlq late=`` line too)."""
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from trajbus.streams.worker.stats import held_partitions, read_snapshots, summarize
+    from trajbus.streams.worker.stats import held_partitions, is_live, read_snapshots, summarize
 
     servers = resolve_bootstrap_servers(args.bootstrap_servers)
     first_contact(servers, args.connect_timeout)
@@ -140,19 +144,22 @@ def cmd_stats(args: argparse.Namespace) -> int:
         time.sleep(0.5)  # a worker publishes every --stats-interval seconds: counts as of now, not as of then
         snapshots = read_snapshots(servers, args.prefix)
     summary = summarize(snapshots)
+    now = time.time()
+    live = sum(1 for snapshot in snapshots if is_live(snapshot, now))
     if args.json:
         import json
 
-        print(json.dumps({"workers": len(snapshots), "channels": summary, "partitions": held_partitions(snapshots)},
-                         indent=2, sort_keys=True))
+        print(json.dumps({"workers": len(snapshots), "live": live, "channels": summary,
+                          "partitions": held_partitions(snapshots)}, indent=2, sort_keys=True))
         return 0
     if not summary:
         print(f"no worker statistics under prefix {args.prefix!r} yet (is `trajbus worker` running?)")
         return 0
-    live = sum(1 for s in snapshots if time.time() - s["updated_at"] < 30)
-    print_table(["channel", *(title for _, title in STATS_COLUMNS)],
-                [[channel, *(round(row.get(key, 0)) for key, _ in STATS_COLUMNS)]
-                 for channel, row in sorted(summary.items())], title=f"workers: {live} live, {len(snapshots)} seen")
+    columns = [(key, title) for key, title in STATS_COLUMNS if args.wide or key not in WIDE_ONLY_STATS]
+    print_table(["channel", *(title for _, title in columns)],
+                [[channel, *(round(row.get(key, 0)) for key, _ in columns)]
+                 for channel, row in sorted(summary.items())],
+                title=f"workers: {live} live, {len(snapshots)} seen")
     for worker_id, held in sorted(held_partitions(snapshots).items()) if args.workers else ():
         print(f"{worker_id} holds " + ("; ".join(f"{channel} partitions {','.join(map(str, partitions))}"
                                                  for channel, partitions in sorted(held.items())) or "no partition"))
@@ -239,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     topics = sub.add_parser("topics", help="list (and with --create, provision) trajbus topics")
     _add_common(topics)
     topics.add_argument("--create", action="store_true", help="provision the topics of --channels first")
+    topics.add_argument("--wide", action="store_true",
+                        help="also each partition's end offset and every config as set (lines past 120 columns)")
     _add_connect_timeout(topics)
     topics.set_defaults(func=cmd_topics)
 
@@ -255,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_connection_arguments(stats)
     _add_prefix(stats)
     stats.add_argument("--json", action="store_true", help="machine-readable output")
+    stats.add_argument("--wide", action="store_true", help="also the columns pend traj, dups and late")
     stats.add_argument("--workers", action="store_true",
                        help="also one line per live worker: the steps partitions it holds (in --json: always)")
     stats.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
@@ -286,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command's exit code; a reader that closed the pipe early (``| head``) ends it quietly."""
+    return quiet_on_broken_pipe(lambda: _run(argv))
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.verbose)

@@ -11,6 +11,7 @@ from typing import Callable
 from trajbus.infra.arguments import positive_int
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.kafka_config import add_connection_arguments
+from trajbus.infra.terminal import ProgressLine
 from trajbus.pipelines.tables import print_table
 
 
@@ -41,34 +42,37 @@ def _versions(text: str) -> set[int]:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    """The window's groups listed, or re-emitted ``--into`` a channel; the count of records read is a
+    progress line on stderr when it is a terminal, erased before each line printed."""
     from trajbus.consumers.replay import Replay, ReplayError, parse_time
 
+    progress = ProgressLine(sys.stderr)
     try:
         replay = Replay(args.channel, args.bootstrap_servers, prefix=args.prefix, source=args.source,
                         start_time=parse_time(args.start) if args.start else None,
                         end_time=parse_time(args.end) if args.end else None,
                         start_offset=args.start_offset, end_offset=args.end_offset,
                         policy_versions=args.policy_versions, max_groups_per_s=args.max_groups_per_s,
-                        progress=True)
+                        progress=progress)
         if args.source == "steps" and not args.into:
             raise ReplayError("into: replay from the steps topic re-assembles groups; name a channel with --into")
     except ReplayError as exc:
         raise UsageError(str(exc)) from None
-    with replay:
+    with replay, progress:
         if args.into:
             try:
                 count = replay.into_channel(args.into, n_rollouts=args.n_rollouts)
             except ReplayError as exc:
                 raise UsageError(str(exc)) from None
-            print(f"replayed {count} records of {replay.topic} into channel {args.into!r}")
+            progress.print(f"replayed {count} records of {replay.topic} into channel {args.into!r}")
             return 0
         count = 0
         for group in replay.groups():
             versions = sorted({s.policy_version for s in group.steps})
-            print(f"{group.prompt_uid}  trajectories={len(group.trajectory_uids)} steps={len(group.steps)} "
-                  f"versions={versions} status={group.status}")
+            progress.print(f"{group.prompt_uid}  trajectories={len(group.trajectory_uids)} "
+                           f"steps={len(group.steps)} versions={versions} status={group.status}")
             count += 1
-        print(f"{count} groups in the window")
+        progress.print(f"{count} groups in the window")
     return 0
 
 

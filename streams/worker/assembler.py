@@ -289,11 +289,13 @@ class GroupAssembler:
                     self.state.expire_markers(partition, index, now, self.settings.emitted_ttl)
         return pending
 
-    def publish_stats(self) -> None:
+    def publish_stats(self, stopped: bool = False) -> None:
+        """This worker's snapshot on the stats topic; ``stopped``: its last (``trajbus stats`` counts it
+        as live no longer)."""
         if self.stats_producer is None:
             self.stats_producer = acked_producer(self.bootstrap_servers, {"logger": log, "linger.ms": 50})
         self.stats_producer.produce(stats_topic(self.prefix), key=self.metrics.worker_id.encode(),
-                                    value=encode_snapshot(self.metrics.snapshot()))
+                                    value=encode_snapshot(self.metrics.snapshot(stopped)))
         self.stats_producer.poll(0)
 
     # -- lifecycle -----------------------------------------------------------------
@@ -305,9 +307,9 @@ class GroupAssembler:
             log.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, self.metrics_server.server_port)
 
     def stop(self) -> None:
-        """Last statistics out, then every client and server this assembler started is closed."""
+        """Last statistics out, marked stopped, then every client and server this assembler started is closed."""
         if self.stats_producer is not None:
-            self.publish_stats()
+            self.publish_stats(stopped=True)
             self.stats_producer.flush(10)
             self.stats_producer.close()
             self.stats_producer = None

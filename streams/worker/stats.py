@@ -3,6 +3,10 @@
 The Prometheus registry is the one source of truth. Every few seconds each
 worker also writes a snapshot of it to ``{prefix}.stats`` (compacted, keyed by
 worker id), so ``trajbus stats`` can add up all workers with nothing but Kafka.
+
+A worker is live while its snapshots are recent (``LIVE_WITHIN``); one that stops says so in its last
+snapshot (``"stopped": true``), and a gateway that stops writes a tombstone, so neither counts as live
+for the ``LIVE_WITHIN`` seconds after it is gone.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32, float("inf"))
+LIVE_WITHIN = 30.0
+"""Seconds a snapshot speaks for a running worker: many of its ``--stats-interval``s, so a busy worker
+whose snapshot is late still counts."""
 
 
 class WorkerMetrics:
@@ -73,19 +80,26 @@ class WorkerMetrics:
             for partition in partitions:
                 self.partitions_held.labels(channel, str(partition)).set(1)
 
-    def snapshot(self) -> dict[str, Any]:
-        """Every sample of the registry as ``[name, labels, value]``, stamped with worker and time."""
+    def snapshot(self, stopped: bool = False) -> dict[str, Any]:
+        """Every sample of the registry as ``[name, labels, value]``, stamped with worker and time;
+        ``stopped``: the worker's last, which ends its liveness at once."""
         samples = [[s.name, s.labels, s.value] for metric in self.registry.collect() for s in metric.samples
                    if not s.name.endswith("_created")]
-        return {"worker_id": self.worker_id, "updated_at": time.time(), "samples": samples}
+        snapshot = {"worker_id": self.worker_id, "updated_at": time.time(), "samples": samples}
+        return {**snapshot, "stopped": True} if stopped else snapshot
 
 
-def summarize(snapshots: list[dict[str, Any]], live_within: float = 30.0) -> dict[str, dict[str, Any]]:
+def is_live(snapshot: dict[str, Any], now: float, live_within: float = LIVE_WITHIN) -> bool:
+    """Whether the snapshot's writer runs: it wrote within ``live_within`` seconds, and not as it stopped."""
+    return not snapshot.get("stopped", False) and now - snapshot["updated_at"] <= live_within
+
+
+def summarize(snapshots: list[dict[str, Any]], live_within: float = LIVE_WITHIN) -> dict[str, dict[str, Any]]:
     """Per channel: counters summed over every worker, gauges summed over live workers only."""
     now = time.time()
     channels: dict[str, dict[str, Any]] = defaultdict(lambda: defaultdict(float))
     for snapshot in snapshots:
-        live = now - snapshot["updated_at"] <= live_within
+        live = is_live(snapshot, now, live_within)
         for name, labels, value in snapshot["samples"]:
             channel = labels.get("channel")
             if channel is None:
@@ -110,12 +124,13 @@ def summarize(snapshots: list[dict[str, Any]], live_within: float = 30.0) -> dic
     return {c: dict(v) for c, v in channels.items()}
 
 
-def held_partitions(snapshots: list[dict[str, Any]], live_within: float = 30.0) -> dict[str, dict[str, list[int]]]:
+def held_partitions(snapshots: list[dict[str, Any]], live_within: float = LIVE_WITHIN
+                    ) -> dict[str, dict[str, list[int]]]:
     """Worker id -> channel -> the steps partitions it holds, for each live worker (one holding none: ``{}``)."""
     now = time.time()
     held: dict[str, dict[str, list[int]]] = {}
     for snapshot in snapshots:
-        if now - snapshot["updated_at"] > live_within:
+        if not is_live(snapshot, now, live_within):
             continue
         mine = held.setdefault(snapshot["worker_id"], {})
         for name, labels, value in snapshot["samples"]:
@@ -135,7 +150,8 @@ def decode_snapshot(value: bytes) -> dict[str, Any]:
 
 
 def read_snapshots(bootstrap_servers: str, prefix: str, timeout: float = 10.0) -> list[dict[str, Any]]:
-    """The newest snapshot of every worker that ever wrote one, read from the compacted stats topic."""
+    """The newest snapshot of every worker that ever wrote one (and no tombstone after it), read from the
+    compacted stats topic."""
     from confluent_kafka import TopicPartition
 
     from trajbus.infra.clients import reader
@@ -162,7 +178,9 @@ def read_snapshots(bootstrap_servers: str, prefix: str, timeout: float = 10.0) -
             message = consumer.poll(0.5)
             if message is None or message.error():
                 continue
-            if message.value() is not None:
+            if message.value() is None:  # a tombstone: its writer stopped (a gateway)
+                latest.pop(message.key(), None)
+            else:
                 latest[message.key()] = decode_snapshot(message.value())
             if message.offset() + 1 >= ends.get(message.partition(), 0):
                 ends.pop(message.partition(), None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ def test_broker_up_status_down_keeps_data_between_runs(tmp_path: Path):
     address = up.stdout.strip().splitlines()[-1]
     host, port = address.split(":")
     assert host == "127.0.0.1" and int(port) > 0
+    pid = re.search(r"running, pid (\d+),", up.stdout)[1]
     try:
         status = trajbus("broker", "status", "--state-dir", state_dir)
         assert status.returncode == 0 and status.stdout.strip().splitlines()[-1] == address
@@ -38,9 +40,12 @@ def test_broker_up_status_down_keeps_data_between_runs(tmp_path: Path):
         producer.close()
     finally:
         down = trajbus("broker", "down", "--state-dir", state_dir)
-    assert down.returncode == 0 and "stopped" in down.stdout
+    assert down.returncode == 0, down.stderr
+    assert down.stdout == f"stopped the Kafka broker (pid {pid}) at {address}, state in {state_dir}\n"
     stopped = trajbus("broker", "status", "--state-dir", state_dir)
     assert stopped.returncode == 1 and "not running" in stopped.stdout
+    again = trajbus("broker", "down", "--state-dir", state_dir)
+    assert (again.returncode, again.stdout) == (0, f"no broker running in {state_dir}\n")
 
     restarted = trajbus("-v", "broker", "up", "--state-dir", state_dir)
     assert restarted.returncode == 0, restarted.stderr
@@ -51,6 +56,22 @@ def test_broker_up_status_down_keeps_data_between_runs(tmp_path: Path):
         assert end_offsets(new_address, "kept") == [5]
     finally:
         trajbus("broker", "down", "--state-dir", state_dir)
+
+
+def test_broker_down_names_each_node_of_a_cluster_it_stops(tmp_path: Path):
+    """Two nodes (the cheapest cluster): one line per node, with the pid and address `up` printed."""
+    state_dir = tmp_path / "cluster"
+    up = trajbus("broker", "up", "--nodes", "2", "--state-dir", str(state_dir))
+    try:
+        assert up.returncode == 0, up.stderr
+        started = re.findall(r"node at (\S+), pid (\d+),", up.stdout)
+        assert len(started) == 2, up.stdout
+    finally:
+        down = trajbus("broker", "down", "--state-dir", str(state_dir))
+    assert down.returncode == 0, down.stderr
+    assert down.stdout.splitlines() == [
+        f"stopped node {n} of the Kafka cluster (pid {pid}) at {address}, state in {state_dir / f'node{n}'}"
+        for n, (address, pid) in enumerate(started, start=1)]
 
 
 def test_embedded_broker_is_found_without_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

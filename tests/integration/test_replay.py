@@ -130,3 +130,4 @@ def test_bad_windows_are_named(bootstrap_servers, prefix, start_worker):
         assert result.returncode == 2 and says in result.stderr, (args, result.stderr)
     listed = trajbus("replay", "--channel", "train", "--from-offset", "2", *common)
     assert listed.returncode == 0 and "2 groups in the window" in listed.stdout
+    assert "\r" not in listed.stdout + listed.stderr, "a progress line only on a terminal: not into a pipe or a log"

@@ -32,4 +32,5 @@ def test_first_path_on_the_tansu_engine(tmp_path, prefix):
         if worker is not None:
             worker.stop()
         down = trajbus("broker", "down", "--state-dir", str(state))
-    assert down.returncode == 0 and "stopped" in down.stdout
+    assert down.returncode == 0 and down.stdout.startswith("stopped the Tansu broker (pid "), down.stdout
+    assert f") at {servers}, state in {state}" in down.stdout, down.stdout

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from trajbus.infra.topics import describe_topics, ensure_topics
 from trajbus.streams.wire.topics import TopicSettings, chunks_topic, groups_topic, policy_topic, prompts_topic, steps_topic
 from tests.helpers import trajbus
@@ -44,17 +46,39 @@ def test_changed_settings_are_applied_to_existing_topics(bootstrap_servers: str,
     assert describe_topics(bootstrap_servers, names=[steps_topic("train", prefix)])[0].partitions == 3
 
 
-def test_topics_cli_lists_partitions_offsets_and_configs(bootstrap_servers: str, prefix: str):
+def topics_table(lines: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """The titles and, by topic, the cells of `trajbus topics`' table (columns stand two blanks apart)."""
+    header, _rule, *rows = lines
+    cells = [re.split(r"\s{2,}", row.strip()) for row in rows]
+    return re.split(r"\s{2,}", header.strip()), {row[0]: row for row in cells}
+
+
+def test_topics_cli_lists_partitions_retention_and_with_wide_offsets_and_configs(bootstrap_servers: str, prefix: str):
+    """The default table fits 120 columns, whatever the terminal's width; --wide adds offsets and configs."""
+    wide_terminal = {"COLUMNS": "1000"}  # a table drawn at the terminal's width would show here
     result = trajbus("topics", "--bootstrap-servers", bootstrap_servers, "--prefix", prefix, "--create",
-                     "--channels", "train")
+                     "--channels", "train", env=wide_terminal)
     assert result.returncode == 0, result.stderr
-    lines = {line.split()[0]: line for line in result.stdout.splitlines()[3:]}  # after the header and its rule
-    assert set(lines) == {f"{prefix}.dlq", f"{prefix}.policy", f"{prefix}.stats", f"{prefix}.traces",
-                          f"{prefix}.steps.train",
-                          f"{prefix}.groups.train", f"{prefix}.chunks.train", f"{prefix}.prompts.train"}
-    assert lines[f"{prefix}.steps.train"].split()[1] == "8"
-    assert "0,0,0,0,0,0,0,0" in lines[f"{prefix}.steps.train"]
-    assert "cleanup.policy=compact" in lines[f"{prefix}.policy"]
+    provisioned, *table = result.stdout.splitlines()
+    assert provisioned == "provisioned 8 topics (8 new)"
+    assert max(map(len, table)) <= 120, result.stdout
+    titles, rows = topics_table(table)
+    assert titles == ["topic", "partitions", "records", "cleanup", "retention", "max message"]
+    assert set(rows) == {f"{prefix}.dlq", f"{prefix}.policy", f"{prefix}.stats", f"{prefix}.traces",
+                         f"{prefix}.steps.train",
+                         f"{prefix}.groups.train", f"{prefix}.chunks.train", f"{prefix}.prompts.train"}
+    assert rows[f"{prefix}.steps.train"][1:] == ["8", "0", "delete", "7 d", "16 MiB"]
+    assert rows[f"{prefix}.groups.train"][3:] == ["delete", "6 h / 1 GiB", "16 MiB"]
+    assert rows[f"{prefix}.policy"][3:] == ["compact", "-", "-"]  # "-": the cluster's default applies
+
+    wide = trajbus("topics", "--bootstrap-servers", bootstrap_servers, "--prefix", prefix, "--wide",
+                   env=wide_terminal)
+    assert wide.returncode == 0, wide.stderr
+    titles, rows = topics_table(wide.stdout.splitlines())
+    assert titles == ["topic", "partitions", "records", "cleanup", "retention", "max message", "end offsets",
+                      "configs"]
+    assert rows[f"{prefix}.steps.train"][6] == "0,0,0,0,0,0,0,0"
+    assert rows[f"{prefix}.policy"][7] == "cleanup.policy=compact"
 
 
 def test_topics_cli_refuses_a_bad_channel_with_exit_2(bootstrap_servers: str, prefix: str):
