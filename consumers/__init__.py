@@ -12,6 +12,7 @@ _EXPORTS = {
     "BatchConsumer": "trajbus.consumers.batch_consumer",
     "drain": "trajbus.consumers.batch_consumer",
     "PolicyVersionPublisher": "trajbus.consumers.off_policy",
+    "UnknownChannel": "trajbus.consumers.channels",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -30,6 +30,7 @@ from trajbus.infra.retry import retrying
 from trajbus.infra.tracing import OFF, configure
 from trajbus.consumers import metrics
 from trajbus.consumers.backends import TrainingBackend
+from trajbus.consumers.channels import require_channel
 from trajbus.consumers.commits import GroupCommits
 from trajbus.consumers.contact import ContactWatch
 from trajbus.consumers.fetch_traces import fetch_traces
@@ -51,7 +52,10 @@ class BatchConsumer:
     in an outage it rides through, up to ``outage_limit``). A wrong address is no ``None``: the first
     fetch (or a rank's construction) waits for the cluster's first answer up to ``connect_timeout``
     (``CONNECT_TIMEOUT``, 10 s, whatever its own timeout), unless a client of this process reached it
-    before, and raises ``ClusterNotReached`` (a ``KafkaUnreachable``) naming the address.
+    before, and raises ``ClusterNotReached`` (a ``KafkaUnreachable``) naming the address. A channel without
+    topics is no ``None`` either: the fetch under way when the cluster says so (about a second after the
+    first fetch began) raises ``UnknownChannel`` naming the channels there are (``consumers.channels``; a
+    rank waits for its topic instead: ``rank_partitions``).
 
     ``tracing`` (``off``, ``kafka``, ``otlp``: the workers' words) traces this process as ``trajbus-trainer``
     unless it traces already: a span per trajectory fetched and per batch converted (``consumers.fetch_traces``).
@@ -104,6 +108,9 @@ class BatchConsumer:
         self.connect_timeout = connect_timeout
         """Seconds the first fetch waits for a cluster never reached before ``ClusterNotReached``."""
         self._contacted = False
+        self._topic_seen = False
+        """Whether the groups topic was ever there for this consumer: after that, a "no such topic" is a
+        cluster's passing state (a restarted broker loading its metadata), never a misspelled channel."""
         self._watch = ContactWatch(self._consumer, self.topic, self.bootstrap_servers, outage_limit)
         """When the cluster was last heard, and the outage rule asked while fetches wait; no thread of its own."""
         self.keep = keep
@@ -128,7 +135,8 @@ class BatchConsumer:
     def fetch_group(self, timeout: float | None = None) -> ReadyGroup | None:
         """The next ready group, or ``None`` if none arrives within ``timeout`` seconds
         (``None``: wait as long as it takes). A cluster never reached raises ``ClusterNotReached`` (the
-        class docstring); one unreachable past ``outage_limit`` raises ``KafkaUnreachable``."""
+        class docstring), a channel without topics ``UnknownChannel``; one unreachable past ``outage_limit``
+        raises ``KafkaUnreachable``."""
         fetched = self._next(timeout)
         if fetched is None:
             return None
@@ -158,7 +166,11 @@ class BatchConsumer:
                 continue
             self._watch.heard()
             if message.error():
-                if message.error().code() != KafkaError._PARTITION_EOF:
+                code = message.error().code()
+                if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC) and not self._topic_seen:
+                    require_channel(self._consumer, self.topic, self.channel, self.prefix, self.bootstrap_servers)
+                    self._topic_seen = True  # listed: it exists, and was only not yet known
+                if code != KafkaError._PARTITION_EOF:
                     log.warning("consumer error on %s: %s", self.topic, message.error().str())
                 continue
             size = len(message.value() or b"")
@@ -264,6 +276,7 @@ class BatchConsumer:
         back after a rebalance (e.g. the session expired while the broker restarted) must not deliver
         again what the trainer already got. Groups held for an unfinished batch are read again."""
         assigned = {tp.partition for tp in partitions}
+        self._topic_seen = self._topic_seen or bool(assigned)
         self._held = [held for held in self._held if held[1] not in assigned]
         consumer.assign(self._start_offsets(sorted(assigned)))
 

@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from typing import Callable, Iterable
 
 from trajbus.gateway.errors import GatewayError, bad_request, unavailable
-from trajbus.gateway.schemas import CHANNEL_PATTERN
-from trajbus.streams.wire.topics import validate_channel
+from trajbus.streams.wire.topics import channels_in, unknown_channel_fix, validate_channel
 
-CHANNEL = re.compile(CHANNEL_PATTERN)
 REFRESH_SECONDS = 2.0
 """The least time between two reads of the broker's topics, however many calls name unknown channels."""
 
@@ -37,8 +34,7 @@ def unknown_channel(channel: str, known: list[str], declared: bool, prefix: str)
         why = f"not one of this gateway's --channels (known channels: {', '.join(known)})"
     else:
         why = (f"there is no topic {prefix}.steps.{channel}, so no worker would read its steps (known channels: "
-               f"{', '.join(known)}); fix the name, or create the channel with `trajbus topics --create "
-               f"--channels {channel}` and run a worker for it")
+               f"{', '.join(known)}); {unknown_channel_fix(channel, prefix)}")
     return bad_request(f"channel: {channel!r} is unknown: {why}", param="channel", code="unknown_channel")
 
 
@@ -71,7 +67,6 @@ class KnownChannels:
 
     def _read(self) -> None:
         """The channels of the steps topics under the prefix (blocking: a metadata request)."""
-        start = f"{self.prefix}.steps."  # streams.wire.topics.steps_topic without its channel
         self._read_at = time.monotonic()
         try:
             names = self._topic_names()
@@ -79,8 +74,7 @@ class KnownChannels:
             self._read_error = f"{type(exc).__name__}: {exc}"
             raise
         self._read_error = None
-        channels = {name[len(start):] for name in names if name.startswith(start)}
-        self._known = frozenset(c for c in channels if CHANNEL.fullmatch(c)) | {self.default}
+        self._known = frozenset(channels_in(names, self.prefix)) | {self.default}
 
     async def check(self, channel: str | None) -> str:
         """The channel (the default when None) if calls may name it; else 400 (unknown, or not a valid

@@ -27,6 +27,9 @@ from trajbus.infra.shared_settings import outage_limit_setting, tracing_setting
 from trajbus.streams.wire.topics import DEFAULT_PREFIX, channel_setting, validate_channel
 
 DEFAULT_PORT = 8100
+EXIT_USAGE = 2
+"""The exit status of a gateway whose settings cannot work (a bad flag, a tokenizer that does not load), as every
+``trajbus`` command's bad input."""
 ENGINE_STREAMING = ("always", "when-asked")
 
 

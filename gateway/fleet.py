@@ -33,7 +33,7 @@ import time
 from multiprocessing.process import BaseProcess
 from typing import Callable
 
-from trajbus.gateway.config import GatewaySettings
+from trajbus.gateway.config import EXIT_USAGE, GatewaySettings
 
 log = logging.getLogger("trajbus.gateway")
 
@@ -101,7 +101,8 @@ class GatewayFleet:
                  self.instances[index].base_address)
 
     def run(self) -> int:
-        """Serve until SIGTERM/SIGINT; 2 when an instance refuses its settings."""
+        """Serve until SIGTERM/SIGINT; 2 when an instance refuses its settings (a bad flag, a tokenizer that does
+        not load: every instance would, so none is forked again)."""
         previous = {sig: signal.signal(sig, lambda *_: self._stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             for index in range(len(self.instances)):
@@ -111,9 +112,10 @@ class GatewayFleet:
             while not self._stop.wait(0.2):
                 for index, process in enumerate(self._processes):
                     if process is not None and not process.is_alive():
-                        if process.exitcode == 2:  # a usage error: every instance would refuse it
-                            log.error("gateway instance %d refused its settings (exit 2); stopping", index)
-                            return 2
+                        if process.exitcode == EXIT_USAGE:  # a usage error: every instance would refuse it
+                            log.error("gateway instance %d refused its settings (exit %d, why above); stopping",
+                                      index, EXIT_USAGE)
+                            return EXIT_USAGE
                         self._restart(index, process.exitcode)
             return 0
         finally:

@@ -36,6 +36,18 @@ PROMPT_UID_REQUIRED = ("prompt_uid: required: the id of the prompt this rollout 
                        "it would be a group of its own that never fills")
 
 
+GET_A_BASE_URL = ('POST /init_trajectory {"prompt_uid": ...} and use the base_url it returns as the client\'s '
+                  "base_url")
+"""How an agent gets the URL it calls the engine under: what a call without a known trajectory is told."""
+
+
+def missing_trajectory(path: str, api: str) -> GatewayError:
+    """400 for an engine call at the gateway's root (a client pointed at it as at vLLM or Anthropic's API):
+    the call names no trajectory, so the answer says how to get the base_url that does."""
+    return bad_request(f"POST {path} names no trajectory: this gateway serves {api} per trajectory: "
+                       f"{GET_A_BASE_URL}", code="missing_trajectory")
+
+
 def missing_prompt_uid() -> GatewayError:
     """400 for a trajectory started without its prompt's id (``init_trajectory``, a white-box admission)."""
     return bad_request(PROMPT_UID_REQUIRED, param="prompt_uid", code="missing_prompt_uid")
@@ -125,7 +137,7 @@ class TrajectoryLifecycle:
         """The trajectory of a base_url: 404 if unknown, 409 if completed (when ``open_only``)."""
         trajectory = self.store.get(trajectory_uid)
         if trajectory is None or trajectory.prompt_uid != prompt_uid:
-            raise not_found(f"unknown trajectory {trajectory_uid!r}: call POST /init_trajectory for a base_url")
+            raise not_found(f"unknown trajectory {trajectory_uid!r}: {GET_A_BASE_URL}")
         if open_only and trajectory.status != OPEN:
             raise conflict(f"trajectory {trajectory_uid} is {trajectory.status}")
         return trajectory

@@ -20,10 +20,11 @@ import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from trajbus.gateway.config import GatewaySettings, add_gateway_arguments, settings_from_args
+from trajbus.gateway.config import EXIT_USAGE, GatewaySettings, add_gateway_arguments, settings_from_args
 from trajbus.gateway.errors import bad_request
 from trajbus.gateway.fleet import GatewayFleet
 from trajbus.gateway.service import GatewayService
+from trajbus.gateway.tokenizer import check_tokenizer_path
 from trajbus.infra import ray_exit
 from trajbus.infra.collector import tune_for_serving
 from trajbus.infra.kafka_config import KafkaConfigError, apply_connection_arguments
@@ -31,7 +32,6 @@ from trajbus.infra.logs import configure_logging
 
 log = logging.getLogger("trajbus.gateway")
 
-EXIT_USAGE = 2
 MALFORMED = "malformed HTTP request (request line, headers or chunked body): it was not processed"
 
 
@@ -100,24 +100,33 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+def refused(exc: Exception) -> int:
+    """Settings that cannot work: one line on stderr, exit 2."""
+    print(f"trajbus gateway: {exc}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def serve(settings: GatewaySettings, sockets: list[socket.socket] | None = None) -> int:
-    """Validate what can be validated before listening (exit 2), then serve until SIGTERM/SIGINT;
-    ``--instances N`` serves through a fleet of N processes (``gateway.fleet``), each of which ends here
-    with the sockets the fleet bound."""
+    """Validate what can be validated before listening (exit 2), then serve until SIGTERM/SIGINT, or until
+    the gateway ends itself (``GatewayService.fatal``: Kafka away past its limit exits 1, a tokenizer that did
+    not load 2); ``--instances N`` serves through a fleet of N processes (``gateway.fleet``), each of which
+    ends here with the sockets the fleet bound."""
     from trajbus.gateway.app import create_app
 
+    try:
+        check_tokenizer_path(settings.tokenizer_path)
+    except ValueError as exc:  # no such folder, no tokenizer in it: before anything starts
+        return refused(exc)
     if settings.instances > 1:
         try:
             return GatewayFleet(settings, serve).run()
         except (ValueError, OSError) as exc:  # a public URL that cannot name instances, a port taken
-            print(f"trajbus gateway: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+            return refused(exc)
 
     try:
         app = create_app(settings)
     except ValueError as exc:  # e.g. an unimportable --reward-function
-        print(f"trajbus gateway: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return refused(exc)
     # log_config=None: uvicorn's lines go through our log setup (configure_logging), formatted as ours
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", log_config=None,
                             access_log=False, timeout_graceful_shutdown=settings.drain_timeout, loop="uvloop",
@@ -126,10 +135,10 @@ def serve(settings: GatewaySettings, sockets: list[socket.socket] | None = None)
     tune_for_serving()  # the app is built: its objects are frozen, the collector set for the calls' lists
     app.state.service.stop_serving = lambda: setattr(server, "should_exit", True)  # graceful, as on SIGTERM
     server.run(sockets=sockets)
-    fatal = app.state.service.fatal
-    if fatal:
-        print(f"trajbus gateway: {fatal}", file=sys.stderr)
-    return ray_exit.exit_process(1 if fatal else 0)  # a reward worker on Ray: end without Ray's crash at exit
+    service = app.state.service
+    if service.fatal:
+        print(f"trajbus gateway: {service.fatal}", file=sys.stderr)
+    return ray_exit.exit_process(service.fatal_status if service.fatal else 0)  # Ray: end without its crash
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,6 +151,5 @@ def main(argv: list[str] | None = None) -> int:
         apply_connection_arguments(args)
         settings = settings_from_args(args)
     except (KafkaConfigError, ValueError) as exc:
-        print(f"trajbus gateway: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return refused(exc)
     return serve(settings)

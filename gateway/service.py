@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable
 
 from trajbus.gateway.backends import BackendPool
-from trajbus.gateway.config import GatewaySettings
+from trajbus.gateway.config import EXIT_USAGE, GatewaySettings
 from trajbus.gateway.errors import unavailable
 from trajbus.gateway.kafka_link import KafkaLink
 from trajbus.gateway.lifecycle import TrajectoryLifecycle
@@ -46,7 +46,8 @@ class GatewayService:
         self.settings = settings
         self.metrics = GatewayMetrics(settings.instance, settings.base_address)
         self.tokenizer = ChatTokenizer(settings.tokenizer_path, settings.multi_turn,
-                                       without_torch=settings.reward_function is None)  # its code may need torch
+                                       without_torch=settings.reward_function is None,  # its code may need torch
+                                       on_failure=lambda reason: self._give_up(reason, EXIT_USAGE))
         self.backends = BackendPool(settings.vllm_addresses, settings.backend_timeout, settings.health_interval,
                                     read_interval=settings.engine_read_interval)
         self.store = TrajectoryStore(settings.state_dir)
@@ -62,7 +63,11 @@ class GatewayService:
         self.stop_serving: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM)
         """Ends the HTTP server gracefully (``gateway.server`` sets it to uvicorn's own exit flag)."""
         self.fatal: str | None = None
-        """Why the gateway ended itself (Kafka unreachable past the limit): it then exits non-zero."""
+        """Why the gateway ended itself (Kafka unreachable past the limit, a tokenizer that did not load): it then
+        exits ``fatal_status``."""
+        self.fatal_status = 1
+        """1 for an outage (a supervisor restarts it), ``EXIT_USAGE`` for settings that cannot work (a restart would
+        not help: ``gateway.fleet`` stops)."""
         self.started_at = time.time()
         self.draining_since: float | None = None
         """When SIGTERM began the drain (``time.monotonic()``); None while serving (see ``drain``)."""
@@ -85,11 +90,13 @@ class GatewayService:
         self.served.watch(servers)
         self.pacing.watch(servers)
 
-    def _give_up(self, reason: str) -> None:
-        """Kafka stayed away past ``--broker-outage-limit``: stop serving (graceful), exit non-zero."""
-        self.fatal = reason
+    def _give_up(self, reason: str, status: int = 1) -> None:
+        """Kafka stayed away past ``--broker-outage-limit``, or the tokenizer did not load: stop serving
+        (graceful: what started is closed), exit ``status``; called on the failing part's thread."""
+        if self.fatal is None:
+            self.fatal, self.fatal_status = reason, status
         log.error("%s", reason)
-        self.stop_serving()  # graceful shutdown; serve() then exits 1 with the reason
+        self.stop_serving()  # graceful shutdown; serve() then exits fatal_status with the reason
 
     async def close(self) -> None:
         await self.sweeper.close()
@@ -117,22 +124,26 @@ class GatewayService:
         """What is not ready yet; empty when the gateway can serve every endpoint."""
         missing = [DRAINING] if self.draining else []
         if not self.tokenizer.ready:
-            missing.append(self.tokenizer.error or "tokenizer is loading")
+            missing.append(self.tokenizer.missing)
         kafka = self.kafka.missing()
         if kafka:
             missing.append(kafka)
         if not self.backends.ready:
-            missing.append("no inference backend is in service (none answers its health check or its calls)")
+            missing.append(self._no_backend())
         return missing
+
+    def _no_backend(self) -> str:
+        return (f"no inference backend answers: none of {', '.join(self.backends.backends)} (--vllm-addresses) "
+                "passes its health check or answers its calls")
 
     def require(self, *parts: str) -> None:
         """503 unless the named parts (tokenizer, kafka, backend) are ready."""
         if "tokenizer" in parts and not self.tokenizer.ready:
-            raise unavailable(self.tokenizer.error or "tokenizer is still loading")
+            raise unavailable(self.tokenizer.missing)
         if "kafka" in parts:
             self.kafka.require()
         if "backend" in parts and not self.backends.ready:
-            raise unavailable("no inference backend is in service (none answers its health check or its calls)", code="no_backend")
+            raise unavailable(self._no_backend(), code="no_backend")
 
     def statistics(self) -> dict[str, Any]:
         def total(counter) -> dict[str, float]:

@@ -3,30 +3,71 @@
 Prompts are built here, never by the engine (see ``gateway.conversation``):
 ``prompt_ids`` of a Step are exactly what the engine receives, so the trainer
 sees the tokens that were sampled from.
+
+A gateway without its tokenizer can serve nothing, so a ``--tokenizer-path`` that cannot
+work ends it with one line naming the path and why: refused before serving when it obviously
+cannot (``check_tokenizer_path``: no such folder and no hub id, a file, a folder without
+tokenizer files), else once the load failed (``on_failure``; ``gateway.service`` ends the
+process). Hugging Face's own words for a local path that is not there ("Repo id must be in
+the form ...") would be no clue.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from typing import Callable
 
 from trajbus.gateway.conversation import CUMULATIVE, PromptBuilder
 from trajbus.infra.tokenizer_loading import load_tokenizer
 
 log = logging.getLogger("trajbus.gateway")
 
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "config.json")
+"""A folder a tokenizer loads from holds one of these at least (the tokenizer's class is read from the first or
+the last; the second is a fast tokenizer whole)."""
+
 
 class TokenizerNotReady(RuntimeError):
     pass
 
 
+def check_tokenizer_path(path: str) -> None:
+    """``ValueError`` (one line, naming the path) for a ``--tokenizer-path`` that cannot load: neither a folder
+    nor a Hugging Face hub id (``NAME`` or ``ORG/NAME``), a file, or a folder holding no tokenizer files."""
+    where = f"--tokenizer-path {path}"
+    if os.path.isdir(path):
+        if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+            raise ValueError(f"{where}: the folder holds no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+        return
+    if os.path.exists(path):
+        raise ValueError(f"{where}: a file, not the folder of a tokenizer (the one holding tokenizer_config.json)")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(path)
+    except HFValidationError:
+        raise ValueError(f"{where}: no such folder (nor a Hugging Face hub id, NAME or ORG/NAME)") from None
+
+
+def load_failure(path: str, exc: Exception) -> str:
+    """Why the tokenizer at ``path`` did not load, in one line."""
+    where = "" if os.path.isdir(path) else " (no such folder here; tried as a Hugging Face hub id)"
+    words = " ".join(str(exc).split())  # Hugging Face's messages span lines
+    return f"--tokenizer-path {path}: the tokenizer failed to load{where}: {type(exc).__name__}: {words}"
+
+
 class ChatTokenizer:
-    def __init__(self, path: str, multi_turn: str = CUMULATIVE, without_torch: bool = True) -> None:
-        """``without_torch``: the process only tokenizes (``infra.tokenizer_loading``)."""
+    def __init__(self, path: str, multi_turn: str = CUMULATIVE, without_torch: bool = True,
+                 on_failure: Callable[[str], None] | None = None) -> None:
+        """``without_torch``: the process only tokenizes (``infra.tokenizer_loading``); ``on_failure``: told why
+        the load failed (one line), else it is logged and ``/ready`` says it."""
         self.path = path
         self.multi_turn = multi_turn
         self.without_torch = without_torch
+        self.on_failure = on_failure
         self._tokenizer = None
         self._prompts: PromptBuilder | None = None
         self.error: str | None = None
@@ -42,14 +83,17 @@ class ChatTokenizer:
         try:
             tokenizer = load_tokenizer(self.path, self.without_torch)
             if not getattr(tokenizer, "chat_template", None):
-                raise ValueError(f"tokenizer at {self.path} has no chat template")
+                raise ValueError("it has no chat template (the gateway renders conversations with it)")
             self._prompts = PromptBuilder(tokenizer, self.multi_turn)
             self._tokenizer = tokenizer
             log.info("tokenizer loaded path=%s vocab=%d seconds=%.2f", self.path, len(tokenizer),
                      time.monotonic() - started)
-        except Exception as exc:  # reported by /ready; the server keeps answering
-            self.error = f"tokenizer failed to load from {self.path}: {exc}"
-            log.error(self.error)
+        except Exception as exc:  # the gateway ends (on_failure); /ready says it meanwhile
+            self.error = load_failure(self.path, exc)
+            if self.on_failure is None:
+                log.error(self.error)
+            else:
+                self.on_failure(self.error)
         finally:
             self._loaded.set()
 
@@ -57,19 +101,24 @@ class ChatTokenizer:
     def ready(self) -> bool:
         return self._tokenizer is not None
 
+    @property
+    def missing(self) -> str:
+        """Why it cannot tokenize yet: what ``/ready`` says."""
+        return self.error or f"loading the tokenizer from {self.path}"
+
     def wait(self, timeout: float | None = None) -> bool:
         return self._loaded.wait(timeout) and self.ready
 
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            raise TokenizerNotReady(self.error or "tokenizer is still loading")
+            raise TokenizerNotReady(self.missing)
         return self._tokenizer
 
     @property
     def prompts(self) -> PromptBuilder:
         if self._prompts is None:
-            raise TokenizerNotReady(self.error or "tokenizer is still loading")
+            raise TokenizerNotReady(self.missing)
         return self._prompts
 
     def decode(self, ids: list[int]) -> str:

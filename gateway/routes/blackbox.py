@@ -2,7 +2,9 @@
 ``{this instance's public url}/{trajectory_uid}/{prompt_uid}/v1``; under it an OpenAI
 client calls ``chat/completions`` and ``models``, and the agent's harness
 ``register_trajectory`` and ``complete_trajectory``. A base_url is its own
-capability; ``init_trajectory`` takes the API key when one is set."""
+capability; ``init_trajectory`` takes the API key when one is set. A client pointed at the
+gateway's root as at vLLM (``http://HOST:8100/v1``) is answered 400 ``missing_trajectory``,
+naming ``/init_trajectory`` (``ROOT_CALLS``)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query, Request
 
 from trajbus.gateway.chat import ChatCompletions
+from trajbus.gateway.lifecycle import missing_trajectory
 from trajbus.gateway.routes.whitebox import PAUSED, WAIT
 from trajbus.gateway.schemas import (ChatCompletionRequest, CompleteTrajectoryRequest, InitTrajectoryRequest,
                                      RegisterTrajectoryRequest)
@@ -19,6 +22,9 @@ from trajbus.gateway.service import GatewayService
 from trajbus.infra.tracing import TRACEPARENT
 
 BASE = "/{trajectory_uid}/{prompt_uid:path}/v1"
+ROOT_CALLS = ("/v1/chat/completions", "/v1/completions", "/chat/completions")
+"""Where an OpenAI client whose base_url is the gateway's root calls: no trajectory, so a 400 that says how to
+get one (kept out of the schema: they serve nothing)."""
 
 
 def blackbox_router(service: GatewayService, admin: list) -> APIRouter:
@@ -37,6 +43,12 @@ def blackbox_router(service: GatewayService, admin: list) -> APIRouter:
                     f"{quote(trajectory.prompt_uid, safe='')}/v1")
         return {"trajectory_uid": trajectory.trajectory_uid, "prompt_uid": trajectory.prompt_uid,
                 "channel": trajectory.channel, "base_url": base_url, "instance": settings.instance}
+
+    async def without_trajectory(request: Request) -> None:
+        raise missing_trajectory(request.url.path, "chat completions")
+
+    for path in ROOT_CALLS:
+        router.add_api_route(path, without_trajectory, methods=["POST"], include_in_schema=False)
 
     @router.post(BASE + "/register_trajectory")
     async def register_trajectory(trajectory_uid: str, prompt_uid: str,

@@ -11,6 +11,8 @@ pays for it. Answers the gateway's middleware gives before any route runs (413 f
 body over ``--max-body-bytes``, 503 while draining or shedding) keep OpenAI's body;
 Anthropic's SDK reports them by their status all the same. The API key is not asked:
 a ``base_url`` is its own capability (Anthropic's SDK sends its ``x-api-key``, ignored).
+A client pointed at the gateway's root (``POST /v1/messages``) is answered 400, naming
+``/init_trajectory``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from trajbus.gateway.anthropic_messages import conversation, engine_request
 from trajbus.gateway.anthropic_schemas import MessagesRequest
 from trajbus.gateway.chat import ChatCompletions
 from trajbus.gateway.errors import GatewayError, from_validation_error
+from trajbus.gateway.lifecycle import missing_trajectory
 from trajbus.gateway.routes.blackbox import BASE
 from trajbus.gateway.routes.whitebox import PAUSED
 from trajbus.gateway.service import GatewayService
@@ -35,7 +38,8 @@ from trajbus.infra.tracing import TRACEPARENT
 
 log = logging.getLogger("trajbus.gateway")
 
-MESSAGES = BASE + "/v1/messages"
+ROOT_MESSAGES = "/v1/messages"
+MESSAGES = BASE + ROOT_MESSAGES
 
 
 class AnthropicErrors(APIRoute):
@@ -75,5 +79,9 @@ def messages_router(service: GatewayService) -> APIRouter:
         call = await chat.prepare(trajectory, engine_request(body, messages), messages, wait, MessagesCall,
                                   traceparent=request.headers.get(TRACEPARENT))
         return await call.answer(bool(body.stream))
+
+    @router.post(ROOT_MESSAGES, include_in_schema=False)  # no trajectory: serves nothing
+    async def messages_without_trajectory() -> None:
+        raise missing_trajectory(ROOT_MESSAGES, "Anthropic's Messages API")
 
     return router

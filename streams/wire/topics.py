@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import re
 from dataclasses import dataclass
+from typing import Iterable
 
 from trajbus.infra.topics import CLUSTER_DEFAULT, TopicSpec
 
@@ -90,6 +91,23 @@ def traces_topic(prefix: str = DEFAULT_PREFIX) -> str:
 def trainer_group_id(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The consumer group trainers read a channel's groups in; its lag is the queue depth."""
     return f"{prefix}.trainer.{validate_channel(channel)}"
+
+
+def channels_in(topic_names: Iterable[str], prefix: str = DEFAULT_PREFIX, kind: str = "steps") -> list[str]:
+    """The channels among ``topic_names`` that have a ``kind`` topic under ``prefix`` (``steps``: what a worker
+    reads; ``groups``: what a trainer reads), sorted: what a refusal of an unknown channel names. Names that
+    are no channel's (another prefix's, ``{prefix}.steps.Bad``) are passed over."""
+    head = f"{prefix}.{kind}."
+    return sorted({name[len(head):] for name in topic_names
+                   if name.startswith(head) and _CHANNEL.fullmatch(name[len(head):])})
+
+
+def unknown_channel_fix(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """What a refusal of a channel without topics tells to do: the command that creates them (``--prefix``
+    named unless it is the default)."""
+    command = f"trajbus topics --create --channels {channel}"
+    command = command if prefix == DEFAULT_PREFIX else f"{command} --prefix {prefix}"
+    return f"fix the name, or create the channel with `{command}` and run a worker for it"
 
 
 def channel_of(topic: str, prefix: str = DEFAULT_PREFIX) -> str:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from trajbus.consumers import BatchConsumer, drain
+import time
+
+import pytest
+
+from trajbus.consumers import BatchConsumer, UnknownChannel, drain
 from trajbus.consumers.backends import VerlBackend
-from trajbus.infra.topics import describe_topics
+from trajbus.infra.topics import describe_topics, ensure_topics
 from trajbus.pipelines.synthetic import make_groups
 from trajbus.streams.client.producer import StepProducer
-from trajbus.streams.wire.topics import groups_topic
+from trajbus.streams.wire.topics import TopicSettings, groups_topic
 from tests.helpers import fetch_groups, through_worker, wait_for
 
 
@@ -155,3 +159,31 @@ def test_a_commit_the_group_refuses_for_a_lost_member_is_made_once_the_trainer_r
         wait_for(fetch_until_committed, 60, "the refused commit made once the trainer rejoined")
         probe.close()
     assert len(got) == len(set(got)), "the trainer handed a group out twice"
+
+
+def test_a_channel_without_topics_is_refused_naming_the_channels_there_and_the_fix(bootstrap_servers, prefix):
+    """``BatchConsumer("trian")`` beside ``train`` and ``val``: the first fetch raises ``UnknownChannel`` (a
+    ``LookupError``) within seconds, not ``None`` after its 60 s; ``drain`` and ``fetch_batch`` too. Once the
+    channel is created, the same consumer's next fetch waits for groups as usual."""
+    with StepProducer(bootstrap_servers, prefix=prefix) as producer:
+        producer.provision("train")
+        producer.provision("val")
+    fix = f"`trajbus topics --create --channels trian --prefix {prefix}`"
+    with BatchConsumer("trian", bootstrap_servers, prefix=prefix) as consumer:
+        started = time.monotonic()
+        with pytest.raises(UnknownChannel) as refused:
+            consumer.fetch_group(timeout=60)
+        took = time.monotonic() - started
+        message = str(refused.value)
+        assert isinstance(refused.value, LookupError) and took < 15, (took, message)
+        assert f"there is no topic {groups_topic('trian', prefix)} at {bootstrap_servers}" in message, message
+        assert "(channels there: train, val)" in message and fix in message, message
+        ensure_topics(bootstrap_servers, TopicSettings(prefix=prefix).channel_specs("trian"))
+        assert consumer.fetch_group(timeout=1) is None, "a channel created since is read"
+    started = time.monotonic()
+    with pytest.raises(UnknownChannel, match="channels there: train, trian, val"):
+        drain("tiran", bootstrap_servers, prefix=prefix, timeout=60)
+    with BatchConsumer("tiran", bootstrap_servers, prefix=prefix) as consumer, \
+            pytest.raises(UnknownChannel, match="no topic"):
+        consumer.fetch_batch(timeout=60)
+    assert time.monotonic() - started < 30, "refused at once, not after the fetches' timeouts"

@@ -38,6 +38,22 @@ def step_events(bootstrap_servers: str, prefix: str, count: int) -> list[tuple[b
     return list(zip([m.key() for m in messages], decode_step_events(messages)))
 
 
+def assert_the_root_names_init_trajectory(gateway: str) -> None:
+    """An OpenAI client pointed at the gateway as at vLLM (``{gateway}/v1``): chat and legacy completions are
+    400 missing_trajectory, in OpenAI's error shape, saying how to get a base_url."""
+    at_root = client(f"{gateway}/v1")
+    calls = (lambda: at_root.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}]),
+             lambda: at_root.completions.create(model="tiny", prompt="Hi"))
+    for call in calls:
+        with pytest.raises(openai.BadRequestError) as refused:
+            call()
+        body = refused.value.response.json()
+        assert (refused.value.status_code, refused.value.code) == (400, "missing_trajectory"), body
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+        assert body["error"]["type"] == "invalid_request_error", body
+        assert "POST /init_trajectory" in body["error"]["message"] and "base_url" in body["error"]["message"], body
+
+
 def engine(inference_server: str, prompt_ids: list[int], **sampling) -> dict:
     """The inference server asked directly: what it generates for these ids and settings."""
     body = {"prompt": prompt_ids, "return_token_ids": True, "logprobs": 0, **sampling}
@@ -264,6 +280,7 @@ def test_bad_input_is_refused_with_openai_errors_and_nothing_is_published(
     assert httpx.post(f"{t['base_url']}/complete_trajectory", json={"reward": 1}).json()["error"]["code"] == \
         "empty_trajectory"
 
+    assert_the_root_names_init_trajectory(gateway)
     assert sum(end_offsets(bootstrap_servers, steps_topic("train", prefix))) == 0, "bad input was published"
     reply = client(t["base_url"]).chat.completions.create(model="tiny", messages=ok_messages, max_tokens=8)
     assert reply.choices[0].message.role == "assistant", "the gateway keeps serving after bad input"

@@ -127,6 +127,12 @@ def assert_errors_are_anthropic_shaped(gateway: str, base_url: str) -> None:
     missing = httpx.post(f"{gateway}/nobody/none/v1/v1/messages", timeout=30,
                          json={"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]})
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error", missing.text
+    with pytest.raises(anthropic.BadRequestError) as at_root:  # a client pointed at the gateway's root
+        agent(gateway).messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": "Hi"}])
+    body = at_root.value.body
+    assert at_root.value.status_code == 400 and body["type"] == "error" and set(body["error"]) == {"type", "message"}
+    assert body["error"]["type"] == "invalid_request_error", body
+    assert "POST /init_trajectory" in body["error"]["message"] and "base_url" in body["error"]["message"], body
 
 
 def test_a_tool_using_agent_on_anthropics_sdk_is_captured_token_exactly_plain_and_streamed(

@@ -1,10 +1,13 @@
-"""The gateway's ASGI application answers without deprecation warnings (start-up and first calls are quiet)."""
+"""The gateway's ASGI application: answers without deprecation warnings (start-up and first calls are quiet),
+a client pointed at its root told how to get a base_url, ``/ready`` saying what it waits for."""
 
 from __future__ import annotations
 
 import argparse
 import warnings
+from pathlib import Path
 
+from fastapi import FastAPI
 from starlette.testclient import TestClient
 
 from trajbus.gateway.app import create_app
@@ -12,12 +15,16 @@ from trajbus.gateway.config import add_gateway_arguments, settings_from_args
 from trajbus.gateway.responses import OrjsonResponse
 
 
-def test_answers_are_orjson_and_raise_no_deprecation_warning(tmp_path):
+def app_at(state_dir: Path) -> FastAPI:
+    """A gateway's application without its lifespan: nothing connects, the routes answer all the same."""
     parser = argparse.ArgumentParser()
     add_gateway_arguments(parser)
-    settings = settings_from_args(parser.parse_args(["--vllm-addresses", "127.0.0.1:1", "--tokenizer-path", "unused",
-                                                     "--state-dir", str(tmp_path)]))
-    app = create_app(settings)  # no lifespan: nothing connects, the routes answer all the same
+    return create_app(settings_from_args(parser.parse_args(["--vllm-addresses", "127.0.0.1:1", "--tokenizer-path",
+                                                            "unused", "--state-dir", str(state_dir)])))
+
+
+def test_answers_are_orjson_and_raise_no_deprecation_warning(tmp_path):
+    app = app_at(tmp_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         health = TestClient(app).get("/health")  # a route's return value, encoded by the default class
@@ -25,3 +32,35 @@ def test_answers_are_orjson_and_raise_no_deprecation_warning(tmp_path):
     assert health.status_code == 200 and health.headers["content-type"] == "application/json"
     assert answer.body == b'{"id":"chatcmpl-1","1":"non-string key"}'
     assert [f"{w.category.__name__}: {w.message}" for w in caught] == []  # FastAPI's is a UserWarning
+
+
+def test_engine_calls_at_the_root_name_init_trajectory_in_their_apis_error_shape(tmp_path):
+    """An OpenAI client at ``http://HOST:8100/v1`` (as at vLLM), an Anthropic one at the root: 400
+    missing_trajectory saying how to get a base_url, whatever the body; none of these paths is in the schema."""
+    app = app_at(tmp_path)
+    client = TestClient(app)
+    for path in ("/v1/chat/completions", "/v1/completions", "/chat/completions"):
+        answer = client.post(path, json={"model": "m", "messages": [{"role": "user", "content": "Hi"}]})
+        error = answer.json()["error"]
+        assert answer.status_code == 400 and set(answer.json()) == {"error"}, (path, answer.text)
+        assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "missing_trajectory", None)
+        assert error["message"].startswith(f"POST {path} names no trajectory: this gateway serves chat completions "
+                                           'per trajectory: POST /init_trajectory {"prompt_uid": ...} and use the '
+                                           "base_url it returns as the client's base_url"), error
+    answer = client.post("/v1/messages", content=b"not even JSON")
+    assert answer.status_code == 400 and answer.json() == {"type": "error", "error": {
+        "type": "invalid_request_error",
+        "message": "POST /v1/messages names no trajectory: this gateway serves Anthropic's Messages API per "
+                   'trajectory: POST /init_trajectory {"prompt_uid": ...} and use the base_url it returns as the '
+                   "client's base_url"}}
+    paths = app.openapi()["paths"]
+    assert not {"/v1/chat/completions", "/v1/completions", "/chat/completions", "/v1/messages"} & set(paths)
+
+
+def test_ready_says_what_it_waits_for(tmp_path):
+    ready = TestClient(app_at(tmp_path)).get("/ready")  # never started: the tokenizer loads, nothing answers
+    assert ready.status_code == 503 and ready.headers["retry-after"]
+    assert ready.json()["not_ready"] == [
+        "loading the tokenizer from unused", "connecting to Kafka",
+        "no inference backend answers: none of http://127.0.0.1:1 (--vllm-addresses) passes its health check "
+        "or answers its calls"], ready.json()

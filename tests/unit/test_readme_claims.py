@@ -12,7 +12,6 @@ discovery and provisioning are the code's.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import contextlib
 import io
