@@ -30,7 +30,7 @@ from trajbus.infra.retry import retrying
 from trajbus.infra.tracing import OFF, configure
 from trajbus.consumers import metrics
 from trajbus.consumers.backends import TrainingBackend
-from trajbus.consumers.channels import require_channel
+from trajbus.consumers.channels import CHANNEL_GRACE, ChannelCheck
 from trajbus.consumers.commits import GroupCommits
 from trajbus.consumers.contact import ContactWatch
 from trajbus.consumers.fetch_traces import fetch_traces
@@ -53,9 +53,9 @@ class BatchConsumer:
     fetch (or a rank's construction) waits for the cluster's first answer up to ``connect_timeout``
     (``CONNECT_TIMEOUT``, 10 s, whatever its own timeout), unless a client of this process reached it
     before, and raises ``ClusterNotReached`` (a ``KafkaUnreachable``) naming the address. A channel without
-    topics is no ``None`` either: the fetch under way when the cluster says so (about a second after the
-    first fetch began) raises ``UnknownChannel`` naming the channels there are (``consumers.channels``; a
-    rank waits for its topic instead: ``rank_partitions``).
+    topics is no endless ``None`` either: once its groups topic is still missing ``channel_grace`` seconds
+    (30) after the first fetch began, a fetch raises ``UnknownChannel`` naming the channels there are
+    (``consumers.channels``; a rank waits for its topic instead: ``rank_partitions``).
 
     ``tracing`` (``off``, ``kafka``, ``otlp``: the workers' words) traces this process as ``trajbus-trainer``
     unless it traces already: a span per trajectory fetched and per batch converted (``consumers.fetch_traces``).
@@ -74,6 +74,7 @@ class BatchConsumer:
         world_size: int | None = None,
         connect_timeout: float = CONNECT_TIMEOUT,
         tracing: str = OFF,
+        channel_grace: float = CHANNEL_GRACE,
         **config: Any,
     ) -> None:
         self.channel = validate_channel(channel)
@@ -108,9 +109,9 @@ class BatchConsumer:
         self.connect_timeout = connect_timeout
         """Seconds the first fetch waits for a cluster never reached before ``ClusterNotReached``."""
         self._contacted = False
-        self._topic_seen = False
-        """Whether the groups topic was ever there for this consumer: after that, a "no such topic" is a
-        cluster's passing state (a restarted broker loading its metadata), never a misspelled channel."""
+        self._channel = ChannelCheck(self._consumer, self.topic, self.channel, self.prefix, self.bootstrap_servers,
+                                     channel_grace)
+        """Whether the channel exists, asked once it had ``channel_grace`` seconds to appear (``UnknownChannel``)."""
         self._watch = ContactWatch(self._consumer, self.topic, self.bootstrap_servers, outage_limit)
         """When the cluster was last heard, and the outage rule asked while fetches wait; no thread of its own."""
         self.keep = keep
@@ -154,23 +155,23 @@ class BatchConsumer:
     def _next(self, timeout: float | None) -> tuple[StructuredGroup, int, int] | None:
         asked_ns = time.time_ns() if self._traces is not None else 0
         self._contact()
+        self._channel.fetching()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = 1.0 if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
+                self._channel.check()
                 return None
             message = self._consumer.poll(min(remaining, 1.0))
             self._commits.retry_pending()
             if message is None:
                 self._watch.check(deadline)
+                self._channel.check()
                 continue
             self._watch.heard()
             if message.error():
-                code = message.error().code()
-                if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC) and not self._topic_seen:
-                    require_channel(self._consumer, self.topic, self.channel, self.prefix, self.bootstrap_servers)
-                    self._topic_seen = True  # listed: it exists, and was only not yet known
-                if code != KafkaError._PARTITION_EOF:
+                self._channel.check()
+                if message.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error on %s: %s", self.topic, message.error().str())
                 continue
             size = len(message.value() or b"")
@@ -276,7 +277,8 @@ class BatchConsumer:
         back after a rebalance (e.g. the session expired while the broker restarted) must not deliver
         again what the trainer already got. Groups held for an unfinished batch are read again."""
         assigned = {tp.partition for tp in partitions}
-        self._topic_seen = self._topic_seen or bool(assigned)
+        if assigned:
+            self._channel.saw()
         self._held = [held for held in self._held if held[1] not in assigned]
         consumer.assign(self._start_offsets(sorted(assigned)))
 

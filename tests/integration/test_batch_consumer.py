@@ -162,28 +162,26 @@ def test_a_commit_the_group_refuses_for_a_lost_member_is_made_once_the_trainer_r
 
 
 def test_a_channel_without_topics_is_refused_naming_the_channels_there_and_the_fix(bootstrap_servers, prefix):
-    """``BatchConsumer("trian")`` beside ``train`` and ``val``: the first fetch raises ``UnknownChannel`` (a
-    ``LookupError``) within seconds, not ``None`` after its 60 s; ``drain`` and ``fetch_batch`` too. Once the
-    channel is created, the same consumer's next fetch waits for groups as usual."""
+    """``BatchConsumer("trian")`` beside ``train`` and ``val``: once the topic had its grace to appear
+    (``channel_grace``; a worker may be creating it), the fetch raises ``UnknownChannel`` (a ``LookupError``),
+    not ``None`` after its 60 s; a first fetch shorter than the grace returns ``None`` and the next one raises.
+    Once the channel is created, the same consumer's next fetch waits for groups as usual."""
     with StepProducer(bootstrap_servers, prefix=prefix) as producer:
         producer.provision("train")
         producer.provision("val")
     fix = f"`trajbus topics --create --channels trian --prefix {prefix}`"
-    with BatchConsumer("trian", bootstrap_servers, prefix=prefix) as consumer:
+    with BatchConsumer("trian", bootstrap_servers, prefix=prefix, channel_grace=3) as consumer:
         started = time.monotonic()
         with pytest.raises(UnknownChannel) as refused:
             consumer.fetch_group(timeout=60)
         took = time.monotonic() - started
         message = str(refused.value)
-        assert isinstance(refused.value, LookupError) and took < 15, (took, message)
+        assert isinstance(refused.value, LookupError) and 3 <= took < 15, (took, message)
         assert f"there is no topic {groups_topic('trian', prefix)} at {bootstrap_servers}" in message, message
         assert "(channels there: train, val)" in message and fix in message, message
         ensure_topics(bootstrap_servers, TopicSettings(prefix=prefix).channel_specs("trian"))
         assert consumer.fetch_group(timeout=1) is None, "a channel created since is read"
-    started = time.monotonic()
-    with pytest.raises(UnknownChannel, match="channels there: train, trian, val"):
-        drain("tiran", bootstrap_servers, prefix=prefix, timeout=60)
-    with BatchConsumer("tiran", bootstrap_servers, prefix=prefix) as consumer, \
-            pytest.raises(UnknownChannel, match="no topic"):
-        consumer.fetch_batch(timeout=60)
-    assert time.monotonic() - started < 30, "refused at once, not after the fetches' timeouts"
+    with BatchConsumer("tiran", bootstrap_servers, prefix=prefix, channel_grace=3) as consumer:
+        assert consumer.fetch_batch(timeout=1) is None, "within the grace: a worker may be creating the topics"
+        with pytest.raises(UnknownChannel, match="channels there: train, trian, val"):
+            consumer.fetch_batch(timeout=60)
