@@ -109,6 +109,7 @@ class BatchConsumer:
         self.connect_timeout = connect_timeout
         """Seconds the first fetch waits for a cluster never reached before ``ClusterNotReached``."""
         self._contacted = False
+        self._closing = False
         self._channel = ChannelCheck(self._consumer, self.topic, self.channel, self.prefix, self.bootstrap_servers,
                                      channel_grace)
         """Whether the channel exists, asked once it had ``channel_grace`` seconds to appear (``UnknownChannel``)."""
@@ -275,7 +276,10 @@ class BatchConsumer:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Resume where this consumer stands, not where the group last committed: a partition handed
         back after a rebalance (e.g. the session expired while the broker restarted) must not deliver
-        again what the trainer already got. Groups held for an unfinished batch are read again."""
+        again what the trainer already got. Groups held for an unfinished batch are read again. A consumer
+        that is closing reads nothing more: it neither asks the group's commits nor takes the partitions."""
+        if self._closing:
+            return
         assigned = {tp.partition for tp in partitions}
         if assigned:
             self._channel.saw()
@@ -345,6 +349,7 @@ class BatchConsumer:
 
     def close(self) -> None:
         """Leave the consumer group (without committing: call ``commit()`` first)."""
+        self._closing = True  # a rebalance served while leaving assigns nothing (``_on_assign``)
         self._consumer.close()
         self._chunks.close()
         if self._dlq is not None:
