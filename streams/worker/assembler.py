@@ -51,7 +51,6 @@ from trajbus.streams.worker.direct_reads import DirectReads
 from trajbus.streams.client.dlq import DeadLetter
 from trajbus.streams.worker.emission import PREFIX_MISMATCH, Emission, GroupEmission
 from trajbus.streams.worker.faust_classes import PartitionKeyedTable, worker_app
-from trajbus.streams.worker.lanes import PartitionLanes
 from trajbus.streams.worker.membership import announce_membership
 from trajbus.streams.worker.outbox import Outbox, Sends
 from trajbus.streams.worker.periodic import every
@@ -348,15 +347,10 @@ def build_app(bootstrap_servers: str, settings: WorkerSettings, datadir: Path) -
                                DirectReads(bootstrap_servers), metrics, active_partitions, recovered)
     source = app.topic(*sources, key_serializer="raw", value_serializer="raw")
 
-    def stale(event: faust.EventT) -> bool:  # what Faust's stream would pass over (``streams.worker.lanes``)
-        message = event.message
-        return not app.flow_control.is_active() or message.generation_id != app.consumer_generation_id
-
     @app.agent(source)
     async def assemble(stream: faust.StreamT) -> None:
-        async with PartitionLanes(assembler.handle, stale) as lanes:  # each lane acknowledges its events
-            async for event in stream.noack().events():
-                await lanes.put(event)
+        async for event in stream.events():
+            await assembler.handle(event)
 
     every(app, TICK_INTERVAL, assembler.tick, "periodic work (timeouts, catch-up, statistics)")
     watch_recovery(app)

@@ -21,11 +21,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
-from typing import AsyncIterator, Callable, Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -68,32 +66,6 @@ class Emission(Protocol):
     async def abandon(self, partition: int, channel: str, end: TrajectoryEnd, offset: int) -> None: ...
 
 
-class StampOrder:
-    """Groups are stamped ready (``ready_at``) in the order their records reach the producer's queue: the
-    worker's partition lanes (``streams.worker.lanes``) emit side by side, and the groups topic must stay FIFO
-    by readiness. One lane at a time stamps, encodes and appends; the acknowledgements then overlap."""
-
-    def __init__(self) -> None:
-        self._lock = asyncio.Lock()
-
-    @contextlib.asynccontextmanager
-    async def turn(self) -> AsyncIterator[Callable[[], None]]:
-        """Hold the turn; the callable it yields ends it early (once the record is appended)."""
-        await self._lock.acquire()
-        held = True
-
-        def appended() -> None:
-            nonlocal held
-            if held:
-                held = False
-                self._lock.release()
-
-        try:
-            yield appended
-        finally:
-            appended()
-
-
 class GroupEmission:
     """Decides and writes each group's end: emitted (acknowledged) or dropped with its reason, then settled."""
 
@@ -105,7 +77,6 @@ class GroupEmission:
         self.settings, self.metrics, self.state, self.bodies = settings, metrics, state, bodies
         self.sends, self.settlement, self.filters, self.current_version = sends, settlement, filters, current_version
         self.traces = traces
-        self.order = StampOrder()
 
     async def finish(self, partition: int, group: PendingGroup, status: str) -> None:
         """Filter, emit (acknowledged), then record the outcome; the pending state goes."""
@@ -130,18 +101,16 @@ class GroupEmission:
             log.info("group dropped channel=%s prompt_uid=%s reason=%s", channel, group.prompt_uid, verdict.reason)
             await self.settle(partition, group, f"dropped ({verdict.reason})")
             return
-        async with self.order.turn() as appended:
-            ready.ready_at = time.time()
-            value = codec.preamble(codec.KIND_READY_GROUP) + codec.encode_group_body(ready, shared, entries)
-            if len(value) > rules.max_group_bytes:
-                appended()
-                await self.refuse_oversized(partition, group, ready, len(value))
-                return
-            manifest = None
-            if not chunks.fits(value, self.settings.topics.max_message_bytes):
-                manifest = await self.write_chunks(channel, ready.prompt_uid, value)
-                value = codec.encode(manifest)
-            groups_partition, offset = await self.emit(partition, group, ready, value, manifest, appended)
+        ready.ready_at = time.time()
+        value = codec.preamble(codec.KIND_READY_GROUP) + codec.encode_group_body(ready, shared, entries)
+        if len(value) > rules.max_group_bytes:
+            await self.refuse_oversized(partition, group, ready, len(value))
+            return
+        manifest = None
+        if not chunks.fits(value, self.settings.topics.max_message_bytes):
+            manifest = await self.write_chunks(channel, ready.prompt_uid, value)
+            value = codec.encode(manifest)
+        groups_partition, offset = await self.emit(partition, group, ready, value, manifest)
         # Marker before watermark: both go to one changelog partition, in order, so
         # a recovered watermark always implies the markers of the groups below it.
         await self.settle(partition, group, "emitted", (groups_partition, offset))
@@ -192,9 +161,9 @@ class GroupEmission:
         return chunks.manifest(prompt_uid, self.sends.chunks_topic(channel), placed, value)
 
     async def emit(self, partition: int, group: PendingGroup, ready: ReadyGroup, value: bytes,
-                   manifest: ChunkedGroup | None = None, appended: Callable[[], None] | None = None) -> tuple[int, int]:
+                   manifest: ChunkedGroup | None = None) -> tuple[int, int]:
         """Write the group (``value``: its record, or the ``manifest`` of its chunks) and wait for the
-        broker's acknowledgement; returns (partition, offset). ``appended``: the record is queued (``StampOrder``)."""
+        broker's acknowledgement; returns (partition, offset)."""
         headers = codec.headers_for(manifest or ready) + [
             (SOURCE_PARTITION, str(partition).encode()), (SOURCE_OFFSET, str(group.last_offset).encode()),
         ]
@@ -202,7 +171,7 @@ class GroupEmission:
             headers.append((GROUP_TRACEPARENTS, self.traces.start_emit(group.channel, ready.prompt_uid,
                                                                        ready.trajectory_uids)))
         placed = await self.sends.group(group.channel, ready.prompt_uid.encode(), value, headers,
-                                        ready.ready_at, appended)  # acknowledged before the table says "emitted"
+                                        ready.ready_at)  # acknowledged before the table says "emitted"
         self.metrics.groups.labels(group.channel, "emitted").inc()
         log.info("group emitted channel=%s prompt_uid=%s status=%s trajectories=%d steps=%d offset=%d chunks=%d",
                  group.channel, ready.prompt_uid, ready.status, len(ready.trajectory_uids), len(ready.steps),

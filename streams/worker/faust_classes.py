@@ -183,9 +183,5 @@ def worker_app(bootstrap_servers: str, settings: WorkerSettings, datadir: Path) 
         broker_session_timeout=10.0,
         broker_heartbeat_interval=1.0,
         producer_max_request_size=settings.topics.max_message_bytes,
-        # Group records are 0.1-10 MB: with aiokafka's default batch of 16 KiB each went out as a request of
-        # its own, one request in flight per partition, so groups waited for each other's replication round
-        # trip. A batch as large as a record may be carries every group ready meanwhile in one request.
-        producer_max_batch_size=settings.topics.max_message_bytes,
         consumer_max_fetch_size=settings.topics.max_message_bytes,
     )

@@ -9,7 +9,7 @@ may not hold.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Iterable, Protocol
 
 import faust
 
@@ -28,9 +28,7 @@ Placed = tuple[int, int]
 class Sends(Protocol):
     """The worker's acknowledged writes."""
 
-    async def group(self, channel: str, key: bytes, value: bytes, headers: Headers, timestamp: float,
-                    appended: Callable[[], None] | None = None) -> Placed:
-        """``appended``: called once the record is in the producer's queue, before its acknowledgement."""
+    async def group(self, channel: str, key: bytes, value: bytes, headers: Headers, timestamp: float) -> Placed: ...
 
     async def chunks(self, channel: str, key: bytes, pieces: Iterable[bytes]) -> list[Placed]: ...
 
@@ -56,11 +54,8 @@ class Outbox:
         self.ledgers = {c: topic(prompts_topic(c, prefix)) for c in settings.channels}
         self.dlq = topic(dlq_topic(prefix))
 
-    async def group(self, channel: str, key: bytes, value: bytes, headers: Headers, timestamp: float,
-                    appended: Callable[[], None] | None = None) -> Placed:
+    async def group(self, channel: str, key: bytes, value: bytes, headers: Headers, timestamp: float) -> Placed:
         sent = await self.groups[channel].send(key=key, value=value, headers=headers, timestamp=timestamp)
-        if appended is not None:
-            appended()
         metadata = await sent  # the broker's acknowledgement
         return metadata.partition, metadata.offset
 

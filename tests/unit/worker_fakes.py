@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Iterable
 
 from trajbus.streams.wire import codec
 
@@ -47,15 +47,13 @@ class FakeSends:
         self.dead_letters: list[DeadLetter] = []
         self.fail_groups = 0
 
-    async def group(self, channel: str, key: bytes, value: bytes, headers: Headers, timestamp: float,
-                    appended: Callable[[], None] | None = None) -> tuple[int, int]:
+    async def group(self, channel: str, key: bytes, value: bytes, headers: Headers, timestamp: float
+                    ) -> tuple[int, int]:
         if self.fail_groups:
             self.fail_groups -= 1
             raise ConnectionError("the groups topic's leader is away")
         written = self.groups.setdefault(channel, [])
         written.append(Written(key, value, list(headers)))
-        if appended is not None:
-            appended()
         return 0, len(written) - 1
 
     async def chunks(self, channel: str, key: bytes, pieces: Iterable[bytes]) -> list[tuple[int, int]]:
