@@ -123,6 +123,9 @@ class BatchConsumer:
         """Per partition, the offset after the last group handed to the trainer."""
         self.partitions: list[int] | None = None
         """A rank's own partitions of the groups topic (None: the consumer group shares them out)."""
+        self.rank = rank or 0
+        self.on_handed_out: Callable[[int, int, str], None] = lambda partition, offset, prompt_uid: None
+        """Called with each group handed to the trainer (the trained log's ``StepRecorder`` listens)."""
         if world_size is None:
             self._consumer.subscribe([self.topic], on_assign=self._on_assign)
         else:
@@ -144,6 +147,7 @@ class BatchConsumer:
             return None
         group, partition, offset = fetched
         self._positions[partition] = offset + 1
+        self.on_handed_out(partition, offset, group.prompt_uid)
         return group.ready()
 
     def _contact(self) -> None:
@@ -213,8 +217,9 @@ class BatchConsumer:
         else:
             with self._traces.converting((partition, offset) for _, partition, offset in taken):
                 batch = self.backend.convert_groups([group for group, _, _ in taken], current_version)
-        for _, partition, offset in taken:
+        for group, partition, offset in taken:
             self._positions[partition] = offset + 1
+            self.on_handed_out(partition, offset, group.prompt_uid)
         return batch
 
     def drain(self, timeout: float = 60.0) -> list[ReadyGroup]:
@@ -329,11 +334,7 @@ class BatchConsumer:
         """Decode a group (a chunked one from its chunks), its prompts not rebuilt yet; anything else
         goes to the DLQ (never silently dropped)."""
         try:
-            options = {"arrays": True, "structured": True}  # token ids stay numpy views of the value
-            record = self._chunks.whole(codec.decode(message.value(), **options), **options)
-            if not isinstance(record, StructuredGroup):
-                raise codec.DecodeError(f"a {type(record).__name__} does not belong on a groups topic")
-            return record
+            return decode_group(self._chunks, message.value())
         except ValueError as exc:
             reason = f"undecodable: {exc}"
         if self._dlq is None:
@@ -362,6 +363,16 @@ class BatchConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def decode_group(chunks: ChunkReader, value: bytes | None) -> StructuredGroup:
+    """A groups-topic record as the trainer gets it (a chunked one read from its chunks; token ids stay
+    numpy views of the value, prompts not rebuilt yet); ``ValueError`` for anything else."""
+    options = {"arrays": True, "structured": True}
+    record = chunks.whole(codec.decode(value, **options), **options)
+    if not isinstance(record, StructuredGroup):
+        raise codec.DecodeError(f"a {type(record).__name__} does not belong on a groups topic")
+    return record
 
 
 def rank_partitions(consumer: Consumer, topic: str, rank: int | None, world_size: int,

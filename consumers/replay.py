@@ -225,6 +225,18 @@ class Replay:
         if pending:
             yield backend.convert([s for g in pending for s in g.steps])
 
+    def batch_of_step(self, step: int, run: str | None = None, as_: str = "groups", backend: Any = None) -> Any:
+        """The batch trainer step ``step`` of ``run`` trained, from the trained log (``consumers.step_batch``):
+        ``groups`` (``ReadyGroup``s), ``steps``, ``dataproto`` (with ``backend``) or ``samples`` (slime)."""
+        from trajbus.consumers.step_batch import StepBatches
+
+        with StepBatches(self.channel, self.bootstrap_servers, self.prefix, run) as batches:
+            shapes = {"groups": batches.ready_groups, "steps": batches.step_records, "samples": batches.samples,
+                      "dataproto": lambda n: batches.dataproto(n, backend)}
+            if as_ not in shapes:
+                raise ReplayError(f"as_: expected one of {', '.join(shapes)}, got {as_!r}")
+            return shapes[as_](step)
+
     # -- into a channel ---------------------------------------------------------
     def into_channel(self, target: str, n_rollouts: int | None = None) -> int:
         """Re-emit the window into channel ``target``; returns how many records were written."""

@@ -28,6 +28,7 @@ from trajbus.pipelines import topics_table
 from trajbus.pipelines.tables import print_table
 from trajbus.pipelines.broker_command import BrokerUsageError, add_broker_parser
 from trajbus.pipelines.reading_commands import UsageError, add_reading_parsers
+from trajbus.pipelines.audit_command import add_audit_parser
 from trajbus.pipelines.ready_command import add_ready_parser
 from trajbus.infra.group_lag import consumer_groups_lag
 from trajbus.infra.topics import ReplicationError, describe_topics, ensure_topics
@@ -286,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_model.set_defaults(func=cmd_inference_server)
 
     add_reading_parsers(sub, _add_prefix)
+    add_audit_parser(sub, _add_prefix)
     add_ready_parser(sub)
 
     demo = sub.add_parser("demo", help="the whole system end to end: agents, gateway, worker, a GRPO trainer")

@@ -46,6 +46,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     progress line on stderr when it is a terminal, erased before each line printed."""
     from trajbus.consumers.replay import Replay, ReplayError, parse_time
 
+    if args.step is not None:
+        return _replay_step(args)
     progress = ProgressLine(sys.stderr)
     try:
         replay = Replay(args.channel, args.bootstrap_servers, prefix=args.prefix, source=args.source,
@@ -73,6 +75,25 @@ def cmd_replay(args: argparse.Namespace) -> int:
                            f"steps={len(group.steps)} versions={versions} status={group.status}")
             count += 1
         progress.print(f"{count} groups in the window")
+    return 0
+
+
+def _replay_step(args: argparse.Namespace) -> int:
+    """``replay --step N``: the groups trainer step N trained, in its order, from the trained log."""
+    from trajbus.consumers.step_batch import StepBatchError, StepBatches
+
+    try:
+        with StepBatches(args.channel, args.bootstrap_servers, args.prefix, args.run) as batches:
+            record = batches.record(args.step)
+            groups = batches.ready_groups(args.step)
+    except StepBatchError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"step {record.step} of run {record.run} ({record.trainer}, policy version {record.policy_version}): "
+          f"{len(groups)} groups")
+    for ref, group in zip(record.groups, groups):
+        versions = sorted({s.policy_version for s in group.steps})
+        print(f"{group.prompt_uid}  at={ref.partition}/{ref.offset} trajectories={len(group.trajectory_uids)} "
+              f"steps={len(group.steps)} versions={versions}")
     return 0
 
 
@@ -123,6 +144,8 @@ def add_reading_parsers(sub: argparse._SubParsersAction, add_prefix: Callable[[a
     replay.add_argument("--into", help="re-emit into this channel (else: list the groups)")
     replay.add_argument("--n-rollouts", type=positive_int, help="with --source steps: the group size to register")
     replay.add_argument("--max-groups-per-s", type=float, help="rate limit")
+    replay.add_argument("--step", type=int, help="the groups trainer step N trained (the trained log)")
+    replay.add_argument("--run", help="with --step: the run (default: the only one on the trained log)")
     replay.set_defaults(func=cmd_replay)
 
     trace = sub.add_parser("trace", help="a trajectory's timeline from the topics: its spans (or its records)")

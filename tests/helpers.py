@@ -124,6 +124,16 @@ def trajbus(*args: str, env: dict | None = None, timeout: float = 180) -> subpro
                           env={**os.environ, **(env or {})}, timeout=timeout)
 
 
+def audit_report(bootstrap_servers: str, prefix: str, channel: str = "train", *extra: str) -> tuple[int, dict]:
+    """``trajbus audit --json`` of a channel: (exit code, report)."""
+    import json
+
+    run = trajbus("audit", "--bootstrap-servers", bootstrap_servers, "--prefix", prefix, "--channel", channel,
+                  "--json", *extra)
+    assert run.returncode in (0, 1), run.stderr
+    return run.returncode, json.loads(run.stdout)
+
+
 def fetch_groups(consumer: BatchConsumer, count: int, timeout: float) -> list[ReadyGroup]:
     groups = []
     deadline = time.monotonic() + timeout

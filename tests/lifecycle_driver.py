@@ -5,9 +5,9 @@ ahead of the trainer, until the epoch is handed out; each rollout writes its ste
 (the second rollout of a group is slower, so a kill finds groups half done). Prints
 ``dispatched <uid>`` and ``rollout <uid> <i>``.
 
-``trainer``: fetches groups and "trains" them: the prompt of each goes into the trained list,
-which is saved with the ``TrainingState`` every ``--every`` groups (a checkpoint, written
-whole, then ``checkpoint <n>`` is printed). Ends once every prompt of the epoch is trained or
+``trainer``: fetches groups and "trains" them, a group a step on the trained log: the prompt of each
+goes into the trained list, which is saved with the ``TrainingState`` every ``--every`` groups (a
+checkpoint, written whole, then ``checkpoint <n>`` is printed). Ends once every prompt of the epoch is trained or
 dropped, writing ``done.json``. A restart resumes from the last checkpoint.
 """
 
@@ -31,6 +31,8 @@ from trajbus.streams.wire.topics import TopicSettings
 
 
 _SAY = threading.Lock()
+RUN = "lifecycle"
+"""The trainer's run on the trained log."""
 
 
 def say(line: str) -> None:
@@ -81,8 +83,8 @@ def drive(options: argparse.Namespace) -> None:
 def train(options: argparse.Namespace) -> None:
     checkpoint = Path(options.checkpoint_dir) / "checkpoint.json"
     with BatchConsumer("train", options.bootstrap_servers, prefix=options.prefix, rank=0, world_size=1) as consumer, \
-            PromptLedger(options.bootstrap_servers, "train", options.prefix) as ledger:
-        state = TrainingState(consumer, ledger)
+            PromptLedger(options.bootstrap_servers, "train", options.prefix) as ledger, \
+            TrainingState(consumer, ledger, run=RUN) as state:
         trained: list[str] = []
         if checkpoint.exists():
             saved = json.loads(checkpoint.read_text())
@@ -92,6 +94,7 @@ def train(options: argparse.Namespace) -> None:
             group = consumer.fetch_group(timeout=0.5)
             if group is not None:
                 trained.append(group.prompt_uid)
+                state.record_step()  # a group a step: on the trained log before any checkpoint of it
                 if len(trained) % options.every == 0:
                     tmp = checkpoint.with_suffix(".tmp")
                     tmp.write_text(json.dumps({"state": state.state_dict(), "trained": trained}))

@@ -17,6 +17,10 @@ GRPO take it unchanged:
 - ``meta_info`` exactly verl's keys: ``metrics`` (one dict per row, ``addition_process`` reads
   ``generate_sequences`` and ``tool_calls``) and ``reward_extra_keys``; anything that differs between
   samples would fail ``DataProto.concat``.
+
+Each policy version the trainer completes is a step on the trained log (``trajbus audit``,
+``trajbus replay --step N``), numbered as verl numbers its checkpoints (``global_step_N``), with the
+groups handed out for it in their order; the run is ``verl.{project_name}.{experiment_name}``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from verl.experimental.fully_async_policy.detach_utils import RolloutSample
 from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.batch_consumer import BatchConsumer, rank_partitions
 from trajbus.consumers.rows import Row
+from trajbus.consumers.trained_log import StepRecorder, TrainedLog
 from trajbus.consumers.verl.checkpoints import resume_version
 from trajbus.consumers.verl.settings import VerlQueueSettings
 from trajbus.infra.clients import reader
@@ -133,6 +138,11 @@ class GroupSamples:
         self.version = resume_version(config) or 0
         """The trainer's policy version: what the staleness of the samples handed out is measured against."""
         self.taken = 0
+        run = settings.samples_topic(config).removeprefix(f"{settings.prefix}.")
+        self.recorder = StepRecorder(TrainedLog(bootstrap_servers, settings.channel, settings.prefix), run, "verl",
+                                     self.topic)
+        self.recorder.last_step = self.version
+        self.consumer.on_handed_out = self.recorder.handed_out
 
     def partitions(self) -> list[int]:
         if self._partitions is None:  # the groups topic's, asked once (trajbus never changes a topic's count)
@@ -190,7 +200,9 @@ class GroupSamples:
 
     def version_ended(self, version: int) -> None:
         """Commit (a new run of the experiment starts there) and publish the trainer's version for the
-        channel: the gateway's admission paces staleness by it."""
+        channel: the gateway's admission paces staleness by it. First the version's groups go on the
+        trained log, acknowledged: before the trainer can checkpoint the step."""
+        self.recorder.step_done(self.consumer.state_dict()["positions"], version, version - 1)
         try:
             self.consumer.commit()
         except KafkaException as exc:  # the checkpoint's recorded position is what a resume reads
@@ -199,6 +211,7 @@ class GroupSamples:
         self.version = version
 
     def close(self) -> None:
+        self.recorder.log.close()
         self.consumer.close()
         self._probe.close()
         self._publisher.close()

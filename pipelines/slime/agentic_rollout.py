@@ -88,6 +88,8 @@ class AgenticRollout:
         self.reader.resume(metadata, set(self.running))
         shape, verdict, sampling = RolloutShape.of(args), dynamic_filter(args), sampling_of(args)
         kept: list[list[Any]] = []
+        kept_uids: dict[int, str] = {}
+        """id(a kept group's Samples) -> its prompt_uid: the batch's groups on the trained log."""
         metrics: Counter = Counter()
         last = time.monotonic()
         while len(kept) < shape.batch:
@@ -109,13 +111,15 @@ class AgenticRollout:
             judged = verdict(samples)
             if judged.keep or (judged.keep_when_insufficient and remaining <= shape.batch):
                 kept.append(samples)
+                kept_uids[id(samples)] = group.prompt_uid
             else:
                 self._filtered(group.prompt_uid, judged.reason, metrics)
         if self.ledger is not None:
             self._record_filtered(timeout=self.settings.ledger_timeout)
-        self.reader.save(metadata)
+        batch = sorted(kept, key=_group_index)
+        self.reader.save(metadata, rollout_id, [kept_uids[id(samples)] for samples in batch])
         metrics[METRIC + "groups_in_flight"] = len(self.running) + len(self.given_up)
-        return sorted(kept, key=_group_index), dict(metrics)
+        return batch, dict(metrics)
 
     def _dispatch(self, count: int, rollout_id: int, sampling: dict[str, Any]) -> None:
         for group in self.data_source.get_samples(count):

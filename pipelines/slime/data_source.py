@@ -11,7 +11,8 @@ on the prompt ledger before slime sees it. What slime itself loses, it keeps:
 - with ``--rollout-function-path trajbus.pipelines.slime.sglang.generate_rollout`` each rollout is
   settled (``pipelines.slime.settle``): surplus over-sampled groups and aborted ones go back to the
   buffer instead of being lost, filtered ones are recorded with their reason, trained ones with the
-  rollout that trained them;
+  rollout that trained them, and the rollout is a step on the trained log (``trajbus audit``): its
+  groups by prompt_uid, since slime generated them itself (they are not on the groups topic);
 - ``load(rollout_id)`` hands out again, first and once, every group trained after that checkpoint
   (its training is not in the model slime loads) and every group a crashed run left in flight; the
   cursor goes on after the last group handed out, whatever file was loaded.
@@ -29,11 +30,14 @@ import logging
 import threading
 from typing import Any
 
+from trajbus.consumers.trained_log import StepRecorder, TrainedLog
 from trajbus.pipelines.data_source import RolloutDataSourceWithBuffer
 from trajbus.pipelines.slime.samples import sample_kind
 from trajbus.pipelines.slime.settings import SlimeSettings, source_args
 from trajbus.pipelines.slime.settle import InFlight, Settlement, dynamic_filter, leaves, settle_groups
 from trajbus.streams.wire.ledger import ABANDONED, DROPPED, EMITTED, Dispatch, Outcome
+from trajbus.streams.wire.topics import trainer_group_id
+from trajbus.streams.wire.trained import GroupRef
 
 __all__ = ["SlimeDataSource"]
 
@@ -60,6 +64,10 @@ class SlimeDataSource(RolloutDataSourceWithBuffer):
                 ledger.close()
             raise
         self.filter_args = args
+        self.recorder: StepRecorder | None = None
+        if ledger is not None and self._settles:
+            trained = TrainedLog(ledger.bootstrap_servers, ledger.channel, ledger.prefix)
+            self.recorder = StepRecorder(trained, trainer_group_id(ledger.channel, ledger.prefix), "slime", "")
         where = f"ledger {ledger.topic} (settled by {self.settings.settled_by})" if ledger else "no ledger"
         log.info("trajbus data source: %s, %d prompts, %s, %d groups due again, %d buffered", self.kind.name,
                  len(self), where, len(self.due), len(self.buffer))
@@ -128,6 +136,9 @@ class SlimeDataSource(RolloutDataSourceWithBuffer):
                 records += [Outcome(f.prompt_uid, DROPPED, why) for f, why in settled.filtered if f.prompt_uid]
                 if records:
                     self.ledger.write(records)
+            if self.recorder is not None and rollout_id is not None:
+                self.recorder.write([GroupRef(-1, -1, f.prompt_uid) for f in settled.trained if f.prompt_uid], {},
+                                    rollout_id, rollout_id)
             back = [f.group for f in settled.surplus] + [f.pristine for f in settled.aborted]
             if back:
                 self.add_samples(back)
@@ -169,5 +180,7 @@ class SlimeDataSource(RolloutDataSourceWithBuffer):
                      "out again first", len(lost), rollout_id)
 
     def close(self) -> None:
+        if self.recorder is not None:
+            self.recorder.log.close()
         if self.ledger is not None:
             self.ledger.close()

@@ -85,8 +85,13 @@ class GroupReader:
             self.waiting.discard(group.prompt_uid)
         return group
 
-    def save(self, metadata: dict[str, Any] | None) -> None:
-        """Where the reader stands into ``metadata`` (saved with slime's checkpoint), and committed."""
+    def save(self, metadata: dict[str, Any] | None, rollout_id: int | None = None,
+             trained: list[str] | None = None) -> None:
+        """Where the reader stands into ``metadata`` (saved with slime's checkpoint), and committed. On a
+        ledger, the rollout is first a step on the trained log: ``trained``, the prompt_uids of its batch
+        in the batch's order (the groups read and passed over are not)."""
+        if self.training_state is not None and rollout_id is not None:
+            self.training_state.record_step(rollout_id, rollout_id, trained)
         state = self.training_state.state_dict() if self.training_state is not None else \
             {"consumer": self.consumer.state_dict()}
         if metadata is not None:
@@ -95,4 +100,6 @@ class GroupReader:
         self.consumer.commit()
 
     def close(self) -> None:
+        if self.training_state is not None:
+            self.training_state.close()
         self.consumer.close()

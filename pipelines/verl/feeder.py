@@ -9,7 +9,10 @@ training channel the worker decides (the agents' failure abandons the group on t
 complete before that is still emitted); on the validation channel, which keeps no ledger, at once.
 
 It reads the groups topic from where it stood when the manager started: a group emitted earlier is one
-dispatched before a resume, and is read where the ledger says it lies (``place``).
+dispatched before a resume, and is read where the ledger says it lies (``place``). On the training
+channel each group written joins its prompt's step (``global_steps``) on the trained log
+(``consumers.trained_log.GrowingSteps``) before the prompt is tagged ``finished``: verl cannot train the
+step, let alone checkpoint it, before its batch is on record.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from trajbus.consumers.backends import TrainingBackend
 from trajbus.consumers.batch_consumer import BatchConsumer
+from trajbus.consumers.trained_log import GrowingSteps
 from trajbus.consumers.verl.transfer_queue import group_records
 from trajbus.infra.clients import reader
 from trajbus.infra.topics import watermarks
@@ -29,6 +33,7 @@ from trajbus.pipelines.slime.harness import SAMPLE_INDEX, GroupRun
 from trajbus.pipelines.verl.dispatches import Dispatches
 from trajbus.streams.wire.ledger import DROPPED
 from trajbus.streams.wire.prefix import StructuredGroup
+from trajbus.streams.wire.trained import GroupRef
 
 __all__ = ["GroupFeeder", "Expected"]
 
@@ -65,8 +70,11 @@ class GroupFeeder:
     """Ready groups of ``channel`` into TransferQueue partition ``partition_id`` (module docstring)."""
 
     def __init__(self, bootstrap_servers: str, prefix: str, channel: str, partition_id: str,
-                 dispatches: Dispatches | None, tq: Any) -> None:
+                 dispatches: Dispatches | None, tq: Any, steps: GrowingSteps | None = None) -> None:
         self.channel, self.partition_id, self.dispatches, self.tq = channel, partition_id, dispatches, tq
+        self.steps = steps
+        self.places: dict[str, GroupRef] = {}
+        """prompt_uid -> where its group was read, until it joins its step on the trained log."""
         self.expected: dict[str, Expected] = {}
         self.written = 0
         self.failed = 0
@@ -76,11 +84,15 @@ class GroupFeeder:
                                       keep=self.expected.__contains__, rank=0, world_size=1)
         self._probe = reader(bootstrap_servers, {"logger": log})
         self.consumer.load_state_dict({"topic": self.consumer.topic, "positions": self.end()})
+        self.consumer.on_handed_out = self._read_at
         self._thread = threading.Thread(target=self._run, name=f"trajbus-verl-feeder-{channel}", daemon=True)
 
     def start(self) -> "GroupFeeder":
         self._thread.start()
         return self
+
+    def _read_at(self, partition: int, offset: int, prompt_uid: str) -> None:
+        self.places[prompt_uid] = GroupRef(partition, offset, prompt_uid)
 
     def end(self) -> dict[int, int]:
         """The groups topic's end offsets now."""
@@ -113,6 +125,7 @@ class GroupFeeder:
                            backend=StructuredGroups(), keep=lambda found: found == prompt_uid, rank=0,
                            world_size=1) as lookup:
             lookup.load_state_dict({"topic": lookup.topic, "positions": positions})
+            lookup.on_handed_out = self._read_at
             groups = lookup.fetch_dataproto(1, timeout=10.0)
         if not groups:
             log.warning("verl feeder: group %s not found at %s/%d (past retention?)", prompt_uid, partition, offset)
@@ -174,6 +187,9 @@ class GroupFeeder:
             self.tag(uids, "failure", f"write into TransferQueue failed: {type(exc).__name__}: {exc}")
             self.failed += len(uids)
             return
+        if self.steps is not None:
+            for group, expected in fetched:
+                self.steps.add(int(expected.prompt.get("global_steps", 0)), [self.places.pop(group.prompt_uid)])
         self.tag(uids, "finished")
         self.written += len(uids)
 

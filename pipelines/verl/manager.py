@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from trajbus.consumers.trained_log import GrowingSteps, StepRecorder, TrainedLog
 from trajbus.consumers.verl.settings import VerlQueueSettings
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.pipelines.ledger import PromptLedger
@@ -38,7 +39,7 @@ from trajbus.pipelines.verl.feeder import GroupFeeder
 from trajbus.pipelines.verl.services import OwnServices, engine_addresses
 from trajbus.streams.client.policy import PolicyVersionPublisher
 from trajbus.streams.client.producer import StepProducer
-from trajbus.streams.wire.topics import TopicSettings
+from trajbus.streams.wire.topics import TopicSettings, groups_topic
 from trajbus.streams.worker.settings import import_dotted
 
 __all__ = ["VerlAgentLoopManager", "VerlSample"]
@@ -115,12 +116,16 @@ class VerlAgentLoopManager:
         self.feeders: dict[str, GroupFeeder] = {}
         self.harness: AgentHarness | None = None
         self.ledger = PromptLedger(self.bootstrap_servers, channels["train"], self.settings.prefix)
+        self.trained = TrainedLog(self.bootstrap_servers, channels["train"], self.settings.prefix)
         try:
             gateway_url = self.settings.gateway_url or self._own_services(list(channels.values()), llm_client)
             self.dispatches = Dispatches(self.ledger, run_name(config))
-            self.feeders = {partition: GroupFeeder(self.bootstrap_servers, self.settings.prefix, channel, partition,
-                                                   self.dispatches if partition == "train" else None, tq)
-                            for partition, channel in channels.items()}
+            steps = GrowingSteps(StepRecorder(self.trained, run_name(config), "verl_v1",
+                                              groups_topic(channels["train"], self.settings.prefix)))
+            self.feeders = {
+                "train": GroupFeeder(self.bootstrap_servers, self.settings.prefix, channels["train"], "train",
+                                     self.dispatches, tq, steps),
+                "val": GroupFeeder(self.bootstrap_servers, self.settings.prefix, channels["val"], "val", None, tq)}
             self.dispatches.settle_previous(SETTLE_TIMEOUT)
             for feeder in self.feeders.values():
                 feeder.start()
@@ -207,6 +212,7 @@ class VerlAgentLoopManager:
         for feeder in self.feeders.values():
             feeder.close()
         self.ledger.close()
+        self.trained.close()
         if getattr(self, "publisher", None) is not None:
             self.publisher.close()
         if self.services is not None:

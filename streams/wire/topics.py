@@ -4,6 +4,7 @@
 ``{prefix}.groups.{channel}`` ready prompt groups; retention is the backpressure
 ``{prefix}.chunks.{channel}`` the bytes of groups too large for one record (``streams.wire.chunks``)
 ``{prefix}.prompts.{channel}`` the prompt ledger: groups handed out and how each ended (compacted, ``streams.wire.ledger``)
+``{prefix}.trained.{channel}`` the trained log: the groups of each trainer step (kept forever, ``streams.wire.trained``)
 ``{prefix}.policy``           the trainer's policy version (compacted)
 ``{prefix}.dlq``              records that could not be processed, with the reason
 ``{prefix}.stats``            statistics snapshots of the stream workers (compacted)
@@ -68,6 +69,11 @@ def chunks_topic(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
 def prompts_topic(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The prompt ledger of a channel (``streams.wire.ledger``): one partition, compacted."""
     return f"{prefix}.prompts.{validate_channel(channel)}"
+
+
+def trained_topic(channel: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The trained log of a channel (created by the first trainer that records a step)."""
+    return f"{prefix}.trained.{validate_channel(channel)}"
 
 
 def policy_topic(prefix: str = DEFAULT_PREFIX) -> str:
@@ -197,6 +203,11 @@ class TopicSettings:
             self.spec(chunks_topic(channel, self.prefix), self.groups_partitions, queue),
             self.spec(prompts_topic(channel, self.prefix), 1, {**common, "cleanup.policy": "compact"}),
         ]
+
+    def trained_spec(self, channel: str) -> TopicSpec:
+        """The trained log: one ordered partition, never deleted by age or size (a run's audit reads it whole)."""
+        return self.spec(trained_topic(channel, self.prefix), 1, {"cleanup.policy": "delete", "retention.ms": "-1",
+                                                                  "retention.bytes": "-1"})
 
     def shared_specs(self) -> list[TopicSpec]:
         """The topics shared by all channels."""

@@ -10,12 +10,14 @@ import pytest
 from confluent_kafka import Producer
 
 from trajbus.pipelines.data_source import DataSourceArgs, RolloutDataSource
+from trajbus.consumers import BatchConsumer
 from trajbus.pipelines.ledger import PromptLedger
+from trajbus.pipelines.training_state import TrainingState
 from trajbus.pipelines.processes import ServiceProcess
-from trajbus.streams.wire.ledger import LedgerError
+from trajbus.streams.wire.ledger import Dispatch, LedgerError
 from trajbus.streams.wire.topics import dlq_topic, prompts_topic
-from tests.helpers import read_to_end, wait_for
-from tests.lifecycle_driver import prompt_of
+from tests.helpers import audit_report, read_to_end, wait_for
+from tests.lifecycle_driver import RUN, prompt_of
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = 64
@@ -89,6 +91,37 @@ def test_kill_the_driver_the_trainer_or_both_and_every_prompt_is_trained_once(
         reissued = [d for d in ledger.view.dispatched.values() if d.source == "reissue"]
         assert {d.origin for d in reissued} == abandoned, "each abandoned prompt was dispatched again once"
         assert len(reissued) == len({d.origin for d in reissued})
+    audit_clean_then_each_violation_named(bootstrap_servers, prefix, done)
+
+
+def audit_clean_then_each_violation_named(bootstrap_servers: str, prefix: str, done: dict) -> None:
+    """The epoch audits clean; then a trainer that skips its ``load_state_dict`` trains a group again, and a
+    prompt is dispatched and never settled: the audit names both, exit 1."""
+    code, report = audit_report(bootstrap_servers, prefix)
+    assert (code, report["violations"], report["run"]) == (0, [], RUN), report["violations"]
+    fates = {fate["prompt_uid"]: fate for fate in report["prompts"]}
+    assert {uid for uid, fate in fates.items() if fate["status"] == "trained"} == set(done["trained"])
+    assert all(len(fates[uid]["steps"]) == 1 for uid in done["trained"]), "each trained group at one step"
+    assert {uid for uid, fate in fates.items() if fate["status"] == "abandoned"} == \
+        {uid for uid, reason in done["drops"].items() if reason == "abandoned"}
+    assert report["steps"] == len(done["trained"]), "a step per group, those a resume trained again counted once"
+
+    with BatchConsumer("train", bootstrap_servers, prefix=prefix, rank=0, world_size=1) as consumer, \
+            PromptLedger(bootstrap_servers, "train", prefix) as ledger, \
+            TrainingState(consumer, ledger, run=RUN) as careless:
+        careless.recorder.last_step = len(done["trained"])  # its model resumed; its consumer starts over
+        again = consumer.fetch_group(timeout=60)
+        assert again is not None and again.prompt_uid in done["trained"]
+        careless.record_step()
+        ledger.refresh()
+        first = next(iter(ledger.view.dispatched.values()))
+        ledger.write([Dispatch("p-never-settled", "train", 2, first.dataset, 1, 0, [1000, 1001])])
+    code, report = audit_report(bootstrap_servers, prefix)
+    first_step = fates[again.prompt_uid]["steps"][0]
+    assert code == 1
+    assert {fate["prompt_uid"]: fate["violation"] for fate in report["violations"]} == {
+        again.prompt_uid: f"trained twice: steps {first_step}, {len(done['trained']) + 1}",
+        "p-never-settled": "never settled: dispatched, neither emitted nor dropped"}
 
 
 def test_a_bad_ledger_record_goes_to_the_dlq_and_another_dataset_is_refused(bootstrap_servers, prefix, tmp_path):
@@ -115,7 +148,6 @@ def test_a_bad_ledger_record_goes_to_the_dlq_and_another_dataset_is_refused(boot
 
 def test_roll_scheduler_resumes_from_the_ledger_and_the_worker_settles_what_was_open(
         bootstrap_servers, prefix, start_worker):
-    from trajbus.consumers import BatchConsumer
     from trajbus.pipelines.env_manager import EpisodeScheduler, roll_prompt_uid
     from trajbus.streams.client.producer import StepProducer
     from trajbus.streams.wire.topics import TopicSettings

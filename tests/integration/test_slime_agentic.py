@@ -21,6 +21,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from trajbus.consumers import BatchConsumer
+from trajbus.consumers.replay import Replay
 from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.processes import ServiceProcess
 from trajbus.pipelines.slime import SlimeDataSource
@@ -28,7 +29,7 @@ from trajbus.pipelines.slime.agentic import close, generate_rollout
 from trajbus.pipelines.slime.harness import SAMPLE_INDEX
 from trajbus.streams.wire.records import ReadyGroup, Step
 from trajbus.streams.wire.topics import groups_topic
-from tests.helpers import agent_stack, end_offsets, wait_for
+from tests.helpers import agent_stack, audit_report, end_offsets, wait_for
 from tests.lifecycle_driver import prompt_of
 from tests.slime_agentic_driver import GATE
 
@@ -168,6 +169,12 @@ def test_agents_through_the_gateway_come_back_as_the_groups_the_worker_assembled
     assert drops == len(filtered) > 0 and all(offset % 5 == 0 for offset in filtered), \
         "each group the filter dropped counted in slime's metric and recorded with its reason"
     assert handed_out >= 18, "rollout 1 handed out a round of --over-sampling-batch-size 10 for a batch of 8"
+    code, report = audit_report(stack.servers, stack.prefix, "slime", "--live")  # groups still in flight
+    assert (code, report["steps"], report["violations"]) == (0, 2, []), report["violations"]
+    with Replay("slime", stack.servers, prefix=stack.prefix) as replay:
+        for rollout_id, output in enumerate(outputs):
+            assert [g.prompt_uid for g in replay.batch_of_step(rollout_id)] == \
+                [group[0].prompt_uid for group in output.samples], "each rollout's batch, in its order"
 
     assert type(evaluation) is slime_standin.EvalOutput
     calc = evaluation.data["calc"]

@@ -29,7 +29,7 @@ from trajbus.infra.tiny_model import WEATHER_TOOL
 from trajbus.infra.group_lag import consumer_group_lag
 from trajbus.streams.client.producer import StepProducer
 from trajbus.streams.wire.topics import groups_topic, trainer_group_id
-from tests.helpers import wait_for
+from tests.helpers import audit_report, wait_for
 from tests.integration.test_multi_turn import TOOL_REPLY, agent, chat
 
 ANSWER = "It is sunny."
@@ -168,5 +168,8 @@ def test_verl_trains_on_the_gateways_groups_as_its_rollouter_would_have_put_them
             expected = [steps.fetch_dataproto(1, timeout=60, current_version=1)]
         batch = assemble_batch_from_rollout_samples([again], tokenizer, config, None)
         check_batch(batch, expected, {"alpha": alpha}, [(0, 0), (1, 1)] * 2, turns=2)
+        code, report = audit_report(bootstrap_servers, prefix)  # each version a step, the resumed one once
+        assert (code, report["steps"], report["violations"]) == (0, 2, []), report["violations"]
+        assert {fate["prompt_uid"]: fate["steps"] for fate in report["prompts"]} == {"beta": [1], "alpha": [2]}
     finally:
         loop.close()

@@ -31,7 +31,7 @@ from trajbus.infra import ray_exit
 from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.slime.harness import SAMPLE_INDEX
 from trajbus.pipelines.verl import VerlAgentLoopManager
-from tests.helpers import agent_stack, wait_for
+from tests.helpers import agent_stack, audit_report, wait_for
 from tests.verl_v1 import MANAGER, MANAGER_KEY, register, replay_buffer, verl_batch, verl_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -260,6 +260,10 @@ def test_a_kill_9_mid_step_resumed_from_the_checkpoint_trains_each_prompt_once_a
         reissued = [d for d in ledger.view.dispatched.values() if d.source == "reissue"]
         abandoned = [uid for uid in ledger.view.dispatched if ledger.view.dropped_for(uid) == "abandoned"]
     assert len(reissued) == 1 and [reissued[0].origin] == abandoned  # the cut group, generated once more
+    code, report = audit_report(stack.servers, stack.prefix, "v1crash")
+    assert (code, report["steps"], report["violations"]) == (0, 4, []), report["violations"]
+    at = sorted((fate["steps"], fate["prompt_uid"]) for fate in report["prompts"] if fate["status"] == "trained")
+    assert [steps for steps, _ in at] == [[1], [1], [2], [2], [3], [3], [4], [4]], "each group at its step, once"
 
 
 def test_an_async_reissue_keeps_its_uid_and_is_written_from_kafka(stack, tq, recorded_gateway, monkeypatch):

@@ -16,7 +16,9 @@ class FakeLedger:
     """``PromptLedger``'s interface over a list: ``settle_open`` emits the prompts in ``emitted`` and drops
     every other open one as abandoned, as the worker does."""
 
-    channel = "train"
+    channel, prefix = "train", "t"
+    bootstrap_servers = "127.0.0.1:1"
+    """Never dialled by these tests (a trained log is written only when a rollout is settled)."""
 
     def __init__(self) -> None:
         self.records: list = []
@@ -164,7 +166,9 @@ def test_a_dispatch_the_broker_does_not_acknowledge_hands_nothing_out_and_moves_
 
 
 class FakeConsumer:
-    channel = "train"
+    channel, prefix, topic, group_id, rank = "train", "t", "t.groups.train", "t.trainer.train", 0
+    bootstrap_servers = "127.0.0.1:1"
+    """Never dialled: nothing is handed out, so no step is recorded."""
 
     def __init__(self) -> None:
         self.positions: dict[int, int] = {0: 2}
@@ -187,6 +191,7 @@ def test_training_state_saves_both_positions_and_refuses_a_ledger_that_lost_reco
     consumer = FakeConsumer()
     state = TrainingState(consumer, ledger).state_dict()
     assert state["consumer"]["positions"] == {0: 2} and state["ledger"]["offset"] == 6
+    assert state["trained"] == {"run": "t.trainer.train", "step": 0}, "no step on record yet"
     assert TrainingState(consumer, ledger).depth() == 1, "the group at offset 2 is emitted, not yet trained"
     consumer.positions = {}
     TrainingState(consumer, ledger).load_state_dict(state)
