@@ -35,9 +35,9 @@ from trajbus.consumers.commits import GroupCommits
 from trajbus.consumers.contact import ContactWatch
 from trajbus.consumers.fetch_traces import fetch_traces
 from trajbus.consumers.rows import check_group
-from trajbus.streams.wire import codec
 from trajbus.streams.wire.chunks import ChunkReader
 from trajbus.streams.client.dlq import dead_letter
+from trajbus.consumers.group_records import decode_group
 from trajbus.streams.wire.prefix import StructuredGroup
 from trajbus.streams.wire.records import ReadyGroup, Step
 from trajbus.streams.wire.topics import DEFAULT_PREFIX, groups_topic, traces_topic, trainer_group_id, validate_channel
@@ -363,16 +363,6 @@ class BatchConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def decode_group(chunks: ChunkReader, value: bytes | None) -> StructuredGroup:
-    """A groups-topic record as the trainer gets it (a chunked one read from its chunks; token ids stay
-    numpy views of the value, prompts not rebuilt yet); ``ValueError`` for anything else."""
-    options = {"arrays": True, "structured": True}
-    record = chunks.whole(codec.decode(value, **options), **options)
-    if not isinstance(record, StructuredGroup):
-        raise codec.DecodeError(f"a {type(record).__name__} does not belong on a groups topic")
-    return record
 
 
 def rank_partitions(consumer: Consumer, topic: str, rank: int | None, world_size: int,

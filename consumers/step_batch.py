@@ -18,7 +18,7 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from trajbus.consumers.batch_consumer import decode_group
+from trajbus.consumers.group_records import decode_group
 from trajbus.consumers.trained_log import TrainedLog
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.clients import reader

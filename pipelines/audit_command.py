@@ -80,7 +80,8 @@ def print_report(report: AuditReport) -> None:
           f"{len(report.prompts)} prompt groups, {report.steps} trainer steps")
     print_table(["status", "prompt groups"], sorted(report.counts().items()))
     if report.violations:
-        print(f"{len(report.violations)} violations:")
+        count = len(report.violations)
+        print(f"{count} violation{'s' if count > 1 else ''}:")
         print_table(["prompt_uid", "violation", "where"],
                     [(fate.prompt_uid, fate.violation, fate.detail) for fate in report.violations])
     else:

@@ -88,8 +88,9 @@ def _replay_step(args: argparse.Namespace) -> int:
             groups = batches.ready_groups(args.step)
     except StepBatchError as exc:
         raise UsageError(str(exc)) from None
-    print(f"step {record.step} of run {record.run} ({record.trainer}, policy version {record.policy_version}): "
-          f"{len(groups)} groups")
+    version = "" if record.policy_version is None else f", policy version {record.policy_version}"
+    print(f"step {record.step} of run {record.run} ({record.trainer}{version}): {len(groups)} "
+          f"group{'s' if len(groups) != 1 else ''}")
     for ref, group in zip(record.groups, groups):
         versions = sorted({s.policy_version for s in group.steps})
         print(f"{group.prompt_uid}  at={ref.partition}/{ref.offset} trajectories={len(group.trajectory_uids)} "
