@@ -1,7 +1,7 @@
 """`make bench`: run every benchmark in turn."""
 
-from benchmarks import (agentic_bench, assembly_bench, codec_bench, convert_bench, gateway_bench, pacing_bench,
-                        tracing_bench, update_bench, verl_queue_bench)
+from benchmarks import (agentic_bench, assembly_bench, codec_bench, convert_bench, export_bench, gateway_bench,
+                        pacing_bench, tracing_bench, update_bench, verl_queue_bench)
 
 if __name__ == "__main__":
     codec_bench.main()
@@ -13,3 +13,4 @@ if __name__ == "__main__":
     pacing_bench.main()
     update_bench.main([])
     verl_queue_bench.main([])
+    export_bench.main([])

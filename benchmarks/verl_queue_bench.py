@@ -41,11 +41,11 @@ from verl.experimental.fully_async_policy.detach_utils import RolloutSample
 from verl.experimental.fully_async_policy.message_queue import MessageQueueClient
 
 from benchmarks.assembly_bench import RESULTS
+from benchmarks.bench_broker import bench_broker
 from trajbus.consumers.verl.actor import MessageQueue as TrajbusMessageQueue
 from trajbus.consumers.verl.settings import VerlQueueSettings
 from trajbus.infra.clients import admin
-from trajbus.infra.bootstrap import ENV_VAR, BrokerNotFound, resolve_bootstrap_servers
-from trajbus.infra.kafka_broker import EmbeddedKafka
+from trajbus.infra.bootstrap import ENV_VAR
 from trajbus.pipelines.tables import print_table
 
 PROMPT, RESPONSE, VOCAB, RESPONSES = 2048, 512, 32000, 8
@@ -204,26 +204,16 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"making {args.samples + WARMUP} samples", flush=True)
     samples = [make_sample(i, generator) for i in range(args.samples + WARMUP)]
     warmup, samples = samples[:WARMUP], samples[WARMUP:]
-    broker = None
-    with tempfile.TemporaryDirectory(prefix="trajbus-verl-queue-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="trajbus-verl-queue-") as workdir, bench_broker(Path(workdir)) as servers:
+        os.environ[ENV_VAR] = servers  # the queue actors inherit it
+        for name in ("TRAJBUS_VERL_QUEUE", "TRAJBUS_VERL_TOPIC"):  # verl's own queue; a fresh topic per run
+            os.environ.pop(name, None)
+        ray.init(num_cpus=4, include_dashboard=False)
         try:
-            try:
-                servers = resolve_bootstrap_servers()
-            except BrokerNotFound:
-                broker = EmbeddedKafka(state_dir=Path(workdir) / "broker")
-                servers = broker.start().bootstrap_servers
-            os.environ[ENV_VAR] = servers  # the queue actors inherit it
-            for name in ("TRAJBUS_VERL_QUEUE", "TRAJBUS_VERL_TOPIC"):  # verl's own queue; a fresh topic per run
-                os.environ.pop(name, None)
-            ray.init(num_cpus=4, include_dashboard=False)
-            try:
-                results = [asyncio.run(measure(queue, samples, warmup, args, Path(workdir))) for queue in QUEUES]
-            finally:
-                ray.shutdown()
-            delete_topics(servers, results[1]["topic"])
+            results = [asyncio.run(measure(queue, samples, warmup, args, Path(workdir))) for queue in QUEUES]
         finally:
-            if broker is not None:
-                broker.stop()
+            ray.shutdown()
+        delete_topics(servers, results[1]["topic"])
     result = report(results, args)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "verl_queue.json").write_text(json.dumps(result, indent=2))

@@ -42,11 +42,10 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.assembly_bench import RESULTS
+from benchmarks.bench_broker import bench_broker
 from benchmarks.targets import Target, print_targets
 from trajbus.infra import ray_exit
-from trajbus.infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
 from trajbus.infra.clients import admin
-from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.pipelines.processes import ServiceProcess, worker_process
 from trajbus.pipelines.slime.harness import SAMPLE_INDEX
 from trajbus.pipelines.tables import print_table
@@ -306,31 +305,21 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     print(f"making {args.groups + WARMUP} groups", flush=True)
     data = make_groups(args.groups + WARMUP, args, np.random.default_rng(0))
-    broker = None
-    with tempfile.TemporaryDirectory(prefix="trajbus-verl-v1-") as workdir:
-        try:
-            try:
-                servers = resolve_bootstrap_servers()
-            except BrokerNotFound:
-                broker = EmbeddedKafka(state_dir=Path(workdir) / "broker")
-                servers = broker.start().bootstrap_servers
-            ray_exit.connect(num_cpus=4, include_dashboard=False, log_to_driver=False,
-                             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-            import ray
-            import transfer_queue as tq
+    with tempfile.TemporaryDirectory(prefix="trajbus-verl-v1-") as workdir, bench_broker(Path(workdir)) as servers:
+        ray_exit.connect(num_cpus=4, include_dashboard=False, log_to_driver=False,
+                         runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+        import ray
+        import transfer_queue as tq
 
-            logging.getLogger("transfer_queue.utils.common").setLevel(logging.ERROR)  # a line a put on < 8 cores
-            try:
-                tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 2}}}))
-                results = [measure(tq, "direct (verl agent loop)", data, args,
-                                   lambda groups: direct(tq, groups, args.in_flight)),
-                           run_trajbus(tq, data, args, servers, Path(workdir))]
-            finally:
-                tq.close()
-                ray.shutdown()
+        logging.getLogger("transfer_queue.utils.common").setLevel(logging.ERROR)  # a line a put on < 8 cores
+        try:
+            tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 2}}}))
+            results = [measure(tq, "direct (verl agent loop)", data, args,
+                               lambda groups: direct(tq, groups, args.in_flight)),
+                       run_trajbus(tq, data, args, servers, Path(workdir))]
         finally:
-            if broker is not None:
-                broker.stop()
+            tq.close()
+            ray.shutdown()
     result = report(results, args)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "verl_v1.json").write_text(json.dumps(result, indent=2))

@@ -30,6 +30,7 @@ from trajbus.pipelines.broker_command import BrokerUsageError, add_broker_parser
 from trajbus.pipelines.reading_commands import UsageError, add_reading_parsers
 from trajbus.pipelines.audit_command import add_audit_parser
 from trajbus.pipelines.ready_command import add_ready_parser
+from trajbus.pipelines.export_command import add_export_parser
 from trajbus.infra.group_lag import consumer_groups_lag
 from trajbus.infra.topics import ReplicationError, describe_topics, ensure_topics
 from trajbus.streams.worker.settings import ENV_PREFIX as WORKER_ENV
@@ -289,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_reading_parsers(sub, _add_prefix)
     add_audit_parser(sub, _add_prefix)
     add_ready_parser(sub)
+    add_export_parser(sub)
 
     demo = sub.add_parser("demo", help="the whole system end to end: agents, gateway, worker, a GRPO trainer")
     add_connection_arguments(demo, "use this cluster instead of a throw-away embedded broker")
