@@ -290,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_reading_parsers(sub, _add_prefix)
     add_audit_parser(sub, _add_prefix)
     add_ready_parser(sub)
-    add_export_parser(sub)
+    add_export_parser(sub, _add_prefix)
 
     demo = sub.add_parser("demo", help="the whole system end to end: agents, gateway, worker, a GRPO trainer")
     add_connection_arguments(demo, "use this cluster instead of a throw-away embedded broker")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from trajbus.infra.kafka_config import add_connection_arguments
 from trajbus.infra.terminal import ProgressLine
@@ -100,15 +100,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 130 if getattr(args, "interrupted", False) else 0
 
 
-def add_export_parser(sub: argparse._SubParsersAction) -> None:
-    """``trajbus export``, with the CLI's one ``--prefix`` declaration (``GatewaySettings.prefix``)."""
-    from trajbus.gateway.config import GatewaySettings
+def add_export_parser(sub: argparse._SubParsersAction, add_prefix: Callable[[argparse.ArgumentParser], None]
+                      ) -> None:
+    """``trajbus export``; ``add_prefix``: the CLI's one ``--prefix`` declaration."""
     from trajbus.infra.arguments import positive_int
-    from trajbus.infra.declared import add_flag
 
     export = sub.add_parser("export", help="a channel's groups as a dataset: Parquet parts or a Hugging Face dataset")
     add_connection_arguments(export)
-    add_flag(export, GatewaySettings, "prefix")
+    add_prefix(export)
     export.add_argument("--channel", required=True, help="the channel whose groups are exported")
     export.add_argument("--output", required=True, help="the folder of the dataset (parts: part-NNNNNN.parquet)")
     export.add_argument("--shape", choices=["rl", "sft"], default="rl",
@@ -130,7 +129,9 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
     keep.add_argument("--current-version", help="the policy version staleness is measured against")
     export.add_argument("--follow", action="store_true",
                         help="keep exporting as groups arrive (Ctrl-C stops; a restart resumes from the parts)")
-    export.add_argument("--part-rows", type=positive_int, default=4096, help="a part is written once it holds this many rows; a group is never split (default: %(default)s)")
+    export.add_argument("--part-rows", type=positive_int, default=4096,
+                        help="a part is written once it holds this many rows; a group is never split "
+                             "(default: %(default)s)")
     export.add_argument("--group-id", help="the consumer group whose commits show the export's lag "
                                            "(default: PREFIX.export.CHANNEL.<hash of --output>)")
     export.set_defaults(func=cmd_export)

@@ -100,7 +100,8 @@ class PartStore:
     def write(self, table: pa.Table, state: ExportState) -> Path:
         """``table`` as the next part, covering ``state`` (its ``parts`` counts this one); atomic."""
         name = f"part-{state.parts - 1:06d}.parquet"
-        final, temporary = self.directory / name, self.directory / f"{TEMPORARY_PREFIX}{name}.tmp"  # no glob of parts sees it
+        final = self.directory / name
+        temporary = self.directory / f"{TEMPORARY_PREFIX}{name}.tmp"  # no glob of parts sees it
         table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                                METADATA_KEY: state.as_json(self.topic, self.shape)})
         with open(temporary, "wb") as sink:

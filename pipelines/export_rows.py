@@ -36,8 +36,8 @@ from trajbus.streams.wire.prefix import (PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_S
                                          StepDelta, StructuredGroup, as_tokens, structure)
 from trajbus.streams.wire.records import ReadyGroup, Step
 
-__all__ = ["Provenance", "RL_SCHEMA", "RlColumns", "StepTokens", "TrajectoryTokens", "provenance", "structured", "trace_id",
-           "trajectories"]
+__all__ = ["Provenance", "RL_SCHEMA", "RlColumns", "StepTokens", "TrajectoryTokens", "provenance", "structured",
+           "trace_id", "trajectories"]
 
 _EMPTY = np.zeros(0, np.uint32)
 
