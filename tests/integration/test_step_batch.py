@@ -17,7 +17,7 @@ from trajbus.pipelines.processes import ServiceProcess
 from trajbus.streams.client.producer import StepProducer
 from trajbus.infra.topics import ensure_topics
 from trajbus.streams.wire.topics import TopicSettings, groups_topic, trained_topic
-from tests.helpers import read_to_end, trajbus, wait_for
+from tests.helpers import audit_report, read_to_end, trajbus, wait_for
 from tests.step_trainer import BACKEND, RUN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,6 +89,12 @@ def test_every_step_replays_the_batch_it_trained_tensor_for_tensor_across_a_kill
     assert lines[0].startswith(f"step 3 of run {RUN} (batch_consumer, policy version 2): 2 groups")
     assert [line.split()[0] for line in lines[1:]] == groups[4:6]
     assert_a_copy_elsewhere_finds_each_step_by_key(bootstrap_servers, prefix, groups)
+
+    code, report = audit_report(bootstrap_servers, prefix)  # no ledger: the groups topic is what was emitted
+    assert (code, report["run"], report["steps"], report["counts"]) == (0, RUN, 6, {"trained": 12, "waiting": 2})
+    unknown = trajbus("audit", "--bootstrap-servers", bootstrap_servers, "--prefix", prefix, "--run", "nope")
+    assert (unknown.returncode, unknown.stderr.strip()) == (
+        2, f"trajbus audit: run: 'nope' recorded no step on {prefix}.trained.train; runs there: {RUN}")
 
     missing = trajbus("replay", "--bootstrap-servers", bootstrap_servers, "--prefix", prefix, "--channel", "train",
                       "--step", "9")
