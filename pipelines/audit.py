@@ -8,6 +8,7 @@ Three facts are joined, all read from the channel's topics:
 - the groups topic itself: groups emitted for prompts no ledger dispatched (a gateway-fed run).
 
 A prompt is ``trained`` (at one step), ``dropped`` (reason), ``abandoned`` (re-issued as another prompt),
+``re-issued`` (trained in a step that a resume rolled back, then handed out again as another prompt),
 ``waiting`` (emitted, ahead of the trainer), ``expired`` (emitted, removed by the queue bound before the
 trainer reached it), or ``open`` (dispatched, not settled). Violations, each named: a group trained at two
 steps, a group the trainer passed without training (``skipped``), and, once the run is over, a prompt never
@@ -108,7 +109,12 @@ def _dispatched(uid: str, view: LedgerView, trained: _Trained, log_start: dict[i
                           violation=None if live else "never settled: dispatched, neither emitted nor dropped")
     if outcome.outcome == EMITTED:
         place = tuple(outcome.placed) if outcome.placed else trained.places.get(uid)
-        return _emitted(uid, place, trained, log_start)  # type: ignore[arg-type]
+        fate = _emitted(uid, place, trained, log_start)  # type: ignore[arg-type]
+        again = view.reissued.get(uid)
+        if fate.status == "waiting" and again is not None:  # slime's load() hands out again what it lost
+            return PromptFate(uid, "re-issued", [], fate.place, f"trained in a step a resume rolled back; "
+                                                                f"re-issued as {again}")
+        return fate
     if outcome.reason == ABANDONED:
         again = view.reissued.get(uid)
         if again is not None:

@@ -10,6 +10,7 @@ import json
 from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.slime import SlimeDataSource
 from trajbus.pipelines.slime.sglang import generate_rollout
+from tests.helpers import audit_report
 
 PROMPTS = 12
 
@@ -54,8 +55,10 @@ def test_a_resumed_run_trains_each_prompt_once_and_loses_no_surplus_or_aborted_g
     kept = [index for rollout_id in range(3) for index in trained[rollout_id]]
     lost = {index for rollout_id in (3, 4) for index in trained[rollout_id] if index < PROMPTS}
     again: list[int] = []
+    rollouts_after_load = 0
     for rollout_id in range(3, 30):
         again += train(second, args, rollout_id)
+        rollouts_after_load += 1
         epoch = [index for index in kept + again if index < PROMPTS]
         if len(set(epoch)) == PROMPTS - 1:
             break
@@ -75,3 +78,8 @@ def test_a_resumed_run_trains_each_prompt_once_and_loses_no_surplus_or_aborted_g
     assert set(epoch) | {dropped_index} == set(range(PROMPTS)) and dropped_index not in epoch
     assert sum(reason == "returned to the buffer" for reason in reasons.values()) >= 4, \
         "surplus and aborted groups went back to the buffer"
+    code, report = audit_report(bootstrap_servers, prefix, "train", "--live")  # the last rollout over-sampled
+    assert (code, report["violations"], report["steps"]) == (0, [], 3 + rollouts_after_load), report["violations"]
+    assert report["counts"]["trained"] == len(kept) + len(again), "each trained group at one step of the model"
+    assert report["counts"]["re-issued"] == len({i for r in (3, 4) for i in trained[r]}), \
+        "rollouts 3 and 4, rolled back by the resume, were handed out again"

@@ -68,3 +68,11 @@ def test_groups_no_ledger_dispatched_are_audited_from_the_topic_and_the_trained_
     assert fates(report) == {"g0": ("trained", [1, 2], "trained twice: steps 1, 2"),
                              "g1": ("skipped", [], "skipped: the trainer passed 0/1 (position 3) without training it"),
                              "g2": ("trained", [2], None), "g3": ("waiting", [], None)}
+
+
+def test_a_group_trained_in_a_step_a_resume_rolled_back_and_handed_out_again_is_re_issued():
+    view = view_of(dispatch("a"), Outcome("a", "emitted"), dispatch("a~1", "reissue", "a"), Outcome("a~1", "emitted"))
+    steps = [TrainedStep("run", 3, "", [GroupRef(-1, -1, "a~1")], {})]  # slime's own rollouts: by key only
+    report = audit("train", "run", view, steps, {}, {})
+    assert fates(report) == {"a": ("re-issued", [], None), "a~1": ("trained", [3], None)}
+    assert report.prompts[0].detail == "trained in a step a resume rolled back; re-issued as a~1"
