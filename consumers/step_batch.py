@@ -19,7 +19,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from trajbus.consumers.group_records import decode_group
-from trajbus.consumers.trained_log import TrainedLog
+from trajbus.consumers.trained_log import TrainedLog, UnknownRun, choose_run
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.clients import reader
 from trajbus.infra.topics import read_partition, watermarks
@@ -49,11 +49,13 @@ class StepBatches:
         self.timeout = timeout
         trained = TrainedLog(self.bootstrap_servers, channel, prefix, timeout)
         records = trained.read()
-        runs = list(dict.fromkeys(record.run for record in records))
-        if run is None and len(runs) != 1:
-            raise StepBatchError(f"run: {trained.topic} holds {len(runs)} runs ({', '.join(runs) or 'none'}); "
-                                 "name one")
-        self.run = run if run is not None else runs[0]
+        try:
+            chosen = choose_run(records, run, trained.topic)
+        except UnknownRun as exc:
+            raise StepBatchError(str(exc)) from None
+        if chosen is None:
+            raise StepBatchError(f"run: no trainer recorded a step on {trained.topic} yet")
+        self.run = chosen
         self.steps = {record.step: record for record in effective_steps(r for r in records if r.run == self.run)}
         self._consumer = reader(self.bootstrap_servers, {"group.id": f"{prefix}.step-batch.{uuid.uuid4().hex[:8]}",
                                                          "enable.partition.eof": True, "logger": log})

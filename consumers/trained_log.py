@@ -19,7 +19,23 @@ from trajbus.streams.wire.trained import CONTENT_TYPE, GroupRef, TrainedStep, de
 
 log = logging.getLogger("trajbus.trained")
 
-__all__ = ["StepRecorder", "TrainedLog"]
+__all__ = ["GrowingSteps", "StepRecorder", "TrainedLog", "UnknownRun", "choose_run"]
+
+
+class UnknownRun(ValueError):
+    """A run the trained log does not hold, or no run named where it holds several; the text lists them."""
+
+
+def choose_run(records: list[TrainedStep], run: str | None, topic: str) -> str | None:
+    """The run to read: the one named, else the only one on the log (None: no step recorded yet)."""
+    runs = list(dict.fromkeys(record.run for record in records))
+    if run is not None:
+        if run not in runs:
+            raise UnknownRun(f"run: {run!r} recorded no step on {topic}; runs there: {', '.join(runs) or 'none'}")
+        return run
+    if len(runs) > 1:
+        raise UnknownRun(f"run: {topic} holds several runs, name one with --run: {', '.join(runs)}")
+    return runs[0] if runs else None
 
 
 class TrainedLog:
@@ -64,8 +80,8 @@ class TrainedLog:
 class StepRecorder:
     """The groups a reader handed out since its last step, written as a step when the trainer says so."""
 
-    def __init__(self, log_: TrainedLog, run: str, trainer: str, groups_topic: str, rank: int = 0) -> None:
-        self.log, self.run, self.trainer, self.topic, self.rank = log_, run, trainer, groups_topic, rank
+    def __init__(self, trained_log: TrainedLog, run: str, trainer: str, groups_topic: str, rank: int = 0) -> None:
+        self.log, self.run, self.trainer, self.topic, self.rank = trained_log, run, trainer, groups_topic, rank
         self.pending: list[GroupRef] = []
         self.last_step = 0
         """The number of the last step recorded (0: none yet, or restored from a checkpoint)."""
@@ -99,7 +115,6 @@ class StepRecorder:
     def forget_pending(self) -> None:
         """A resume from a checkpoint: what was handed out since is handed out again, not trained."""
         self.pending.clear()
-
 
 
 class GrowingSteps:

@@ -10,7 +10,7 @@ from typing import Callable
 
 from confluent_kafka import Consumer, TopicPartition
 
-from trajbus.consumers.trained_log import TrainedLog
+from trajbus.consumers.trained_log import TrainedLog, UnknownRun, choose_run
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.clients import reader
 from trajbus.infra.kafka_config import add_connection_arguments
@@ -20,22 +20,10 @@ from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.reading_commands import UsageError
 from trajbus.pipelines.tables import print_table
 from trajbus.streams.wire.ledger import LedgerView
-from trajbus.streams.wire.topics import (groups_topic, prompts_topic, unknown_channel_fix, validate_channel)
-from trajbus.streams.wire.trained import TrainedStep, effective_steps
+from trajbus.streams.wire.topics import groups_topic, prompts_topic, unknown_channel_fix, validate_channel
+from trajbus.streams.wire.trained import effective_steps
 
 TIMEOUT = 30.0
-
-
-def choose_run(records: list[TrainedStep], run: str | None, topic: str) -> str | None:
-    """The run to audit: the one named, else the only one on the trained log (none: no step recorded)."""
-    runs = list(dict.fromkeys(record.run for record in records))
-    if run is not None:
-        if run not in runs:
-            raise UsageError(f"run: {run!r} recorded no step on {topic}; runs there: {', '.join(runs) or 'none'}")
-        return run
-    if len(runs) > 1:
-        raise UsageError(f"run: {topic} holds several runs, name one with --run: {', '.join(runs)}")
-    return runs[0] if runs else None
 
 
 def emitted_groups(consumer: Consumer, topic: str) -> tuple[dict[Place, str], dict[int, int]]:
@@ -70,7 +58,10 @@ def gather(servers: str, channel: str, prefix: str, run: str | None, live: bool)
             view = ledger.view
     trained = TrainedLog(servers, channel, prefix, TIMEOUT)
     records = trained.read()
-    chosen = choose_run(records, run, trained.topic)
+    try:
+        chosen = choose_run(records, run, trained.topic)
+    except UnknownRun as exc:
+        raise UsageError(str(exc)) from None
     steps = effective_steps(record for record in records if record.run == chosen)
     return audit(channel, chosen, view, steps, emitted, log_start, live)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from trajbus.consumers.batch_consumer import BatchConsumer
 from trajbus.consumers.trained_log import StepRecorder, TrainedLog
+from trajbus.infra.outage import OUTAGE_LIMIT
 from trajbus.pipelines.ledger import DEPTH, PromptLedger
 from trajbus.streams.wire.ledger import LedgerError
 from trajbus.streams.wire.trained import TrainedStep
@@ -37,7 +38,9 @@ class TrainingState:
         if consumer.channel != ledger.channel:
             raise ValueError(f"ledger: of channel {ledger.channel!r}, the consumer reads {consumer.channel!r}")
         self.consumer, self.ledger = consumer, ledger
-        self.trained = TrainedLog(consumer.bootstrap_servers, consumer.channel, consumer.prefix)
+        # a step's write rides through an outage as long as the consumer's fetches do
+        self.trained = TrainedLog(consumer.bootstrap_servers, consumer.channel, consumer.prefix,
+                                  consumer.outage_limit or OUTAGE_LIMIT)
         self.recorder = StepRecorder(self.trained, run or consumer.group_id, "batch_consumer", consumer.topic,
                                      consumer.rank)
         consumer.on_handed_out = self.recorder.handed_out

@@ -187,11 +187,21 @@ class GroupFeeder:
             self.tag(uids, "failure", f"write into TransferQueue failed: {type(exc).__name__}: {exc}")
             self.failed += len(uids)
             return
-        if self.steps is not None:
-            for group, expected in fetched:
-                self.steps.add(int(expected.prompt.get("global_steps", 0)), [self.places.pop(group.prompt_uid)])
+        self._record_steps(fetched)
         self.tag(uids, "finished")
         self.written += len(uids)
+
+    def _record_steps(self, fetched: list[tuple[StructuredGroup, Expected]]) -> None:
+        """Each group written joins its prompt's step on the trained log. A write Kafka refused past its timeout
+        is logged as an error and the prompts are still finished: verl would wait for them forever."""
+        if self.steps is None:
+            return
+        for group, expected in fetched:
+            step, place = int(expected.prompt.get("global_steps", 0)), self.places.pop(group.prompt_uid)
+            try:
+                self.steps.add(step, [place])
+            except Exception:  # noqa: BLE001 - the audit will miss the group; training must not stop
+                log.exception("verl feeder: group %s of step %d is not on the trained log", group.prompt_uid, step)
 
     def _fail(self, prompt_uid: str, reason: str) -> None:
         with self._lock:

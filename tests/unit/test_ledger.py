@@ -166,7 +166,7 @@ def test_a_dispatch_the_broker_does_not_acknowledge_hands_nothing_out_and_moves_
 
 
 class FakeConsumer:
-    channel, prefix, topic, group_id, rank = "train", "t", "t.groups.train", "t.trainer.train", 0
+    channel, prefix, topic, group_id, rank, outage_limit = "train", "t", "t.groups.train", "t.trainer.train", 0, None
     bootstrap_servers = "127.0.0.1:1"
     """Never dialled: nothing is handed out, so no step is recorded."""
 
