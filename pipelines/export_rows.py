@@ -33,11 +33,11 @@ import numpy as np
 import pyarrow as pa
 
 from trajbus.streams.wire.prefix import (PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL, PrefixError,
-                                         StepDelta, StructuredGroup, as_tokens, structure)
-from trajbus.streams.wire.records import ReadyGroup, Step
+                                         StepDelta, StructuredGroup, as_tokens)
+from trajbus.streams.wire.records import Step
 
-__all__ = ["Provenance", "RL_SCHEMA", "RlColumns", "StepTokens", "TrajectoryTokens", "provenance", "structured",
-           "trace_id", "trajectories"]
+__all__ = ["Provenance", "RL_SCHEMA", "RlColumns", "StepTokens", "TrajectoryTokens", "provenance", "trace_id",
+           "trajectories"]
 
 _EMPTY = np.zeros(0, np.uint32)
 
@@ -114,14 +114,6 @@ def provenance(trajectory: TrajectoryTokens, group: StructuredGroup, where: Prov
         group.prompt_uid, trajectory.uid, group.fields["channel"], group.fields["status"], group.ready_at,
         where.topic, where.partition, where.offset, parent, trace_id(parent), trajectory.reward,
         min(versions), max(versions)]))
-
-
-def structured(group: ReadyGroup) -> StructuredGroup:
-    """A group of full steps as its record stores it (what a reader decodes with ``structured=True``)."""
-    shared, entries = structure(sorted(group.steps, key=lambda s: (s.trajectory_uid, s.step_index)))
-    fields = dict(prompt_uid=group.prompt_uid, channel=group.channel, n_rollouts=group.n_rollouts,
-                  ready_at=group.ready_at, status=group.status, metadata=group.metadata)
-    return StructuredGroup(shared, entries, fields)
 
 
 def _whole_prompt(entry: StepDelta, shared: np.ndarray, contexts: dict[int, list[np.ndarray]]) -> list[np.ndarray]:

@@ -62,9 +62,6 @@ class TrainedStep:
     rank: int = 0
     at: float = field(default_factory=time.time)
 
-    def prompt_uids(self) -> list[str]:
-        return [group.prompt_uid for group in self.groups]
-
 
 def encode_trained(record: TrainedStep) -> tuple[bytes, bytes]:
     """(key, value) of a trained-log record."""

@@ -6,9 +6,10 @@ import pyarrow as pa
 import pytest
 
 from trajbus.pipelines.export_filters import TrajectoryFilter, parse_versions
-from trajbus.pipelines.export_rows import RL_SCHEMA, Provenance, RlColumns, structured, trace_id, trajectories
+from trajbus.pipelines.export_rows import RL_SCHEMA, Provenance, RlColumns, trace_id, trajectories
 from trajbus.pipelines.export_sft import SFT_SCHEMA, SftRows, SftUnavailable
 from trajbus.streams.wire import codec
+from trajbus.streams.wire.prefix import StructuredGroup, structure
 from trajbus.streams.wire.records import SEGMENT_START, ReadyGroup, Step
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -39,6 +40,14 @@ def group(*trajectories_steps: list[Step]) -> ReadyGroup:
 def decoded(ready: ReadyGroup):
     """The group as the export reads it: encoded, decoded in its prefix structure with numpy arrays."""
     return codec.decode(codec.encode(ready), arrays=True, structured=True)
+
+
+def in_memory(ready: ReadyGroup) -> StructuredGroup:
+    """The group's prefix structure built in memory (token ids as lists), not read from a record."""
+    shared, entries = structure(sorted(ready.steps, key=lambda s: (s.trajectory_uid, s.step_index)))
+    return StructuredGroup(shared, entries, dict(prompt_uid=ready.prompt_uid, channel=ready.channel,
+                                                 n_rollouts=ready.n_rollouts, ready_at=ready.ready_at,
+                                                 status=ready.status, metadata=ready.metadata))
 
 
 def rl_table(ready: ReadyGroup) -> pa.Table:
@@ -97,7 +106,7 @@ def test_versions_segments_and_missing_log_probs_are_kept():
 def test_a_group_of_full_steps_gives_the_same_rows_as_its_record():
     ready = group(conversation("g/t0", 3, 1.0), conversation("g/t1", 3, 0.0, restart_at=1))
     columns = RlColumns()
-    record = structured(ready)
+    record = in_memory(ready)
     for trajectory in trajectories(record):
         columns.add(trajectory, record, WHERE)
     assert columns.table().to_pylist() == rl_table(ready).to_pylist()
@@ -115,7 +124,7 @@ def test_bad_policy_versions_are_refused_by_name(text):
 
 
 def test_filters_by_reward_version_and_staleness():
-    [low, high] = trajectories(structured(group(conversation("g/t0", 2, 0.2, version=1),
+    [low, high] = trajectories(decoded(group(conversation("g/t0", 2, 0.2, version=1),
                                                 conversation("g/t1", 2, 0.9, version=4))))
     assert [TrajectoryFilter(min_reward=0.5).keeps(t, None) for t in (low, high)] == [False, True]
     assert [TrajectoryFilter(max_reward=0.5).keeps(t, None) for t in (low, high)] == [True, False]
@@ -131,7 +140,7 @@ def test_filters_by_reward_version_and_staleness():
 def test_a_segment_version_counts_for_the_filters():
     steps = conversation("g/t0", 2, 1.0, version=4)
     steps[1].version_segments = [[0, 2], [1, 4]]
-    [trajectory] = trajectories(structured(group(steps)))
+    [trajectory] = trajectories(decoded(group(steps)))
     assert trajectory.versions == {2, 4}
     assert not TrajectoryFilter(policy_versions=frozenset({4})).keeps(trajectory, None)
     assert not TrajectoryFilter(max_staleness=1).keeps(trajectory, 4)

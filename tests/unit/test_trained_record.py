@@ -32,12 +32,12 @@ def test_a_bad_record_is_refused_naming_the_problem(value, problem):
 def test_a_resume_supersedes_the_steps_after_its_checkpoint():
     log = [step(1, "a"), step(2, "b"), step(3, "c"), step(4, "d"),  # checkpoint at 2, crash after 4
            step(3, "c"), step(4, "d"), step(5, "e")]
-    assert [(s.step, s.prompt_uids()) for s in effective_steps(log)] == [
+    assert [(s.step, [g.prompt_uid for g in s.groups]) for s in effective_steps(log)] == [
         (1, ["a"]), (2, ["b"]), (3, ["c"]), (4, ["d"]), (5, ["e"])]
 
 
 def test_runs_and_ranks_rewind_apart():
     log = [step(1, "a"), step(1, "x", rank=1), step(2, "b"), step(1, "y", run="other"), step(2, "z", rank=1),
            step(2, "b2")]
-    assert [(s.run, s.step, s.rank, s.prompt_uids()) for s in effective_steps(log)] == [
+    assert [(s.run, s.step, s.rank, [g.prompt_uid for g in s.groups]) for s in effective_steps(log)] == [
         ("other", 1, 0, ["y"]), ("r", 1, 0, ["a"]), ("r", 1, 1, ["x"]), ("r", 2, 0, ["b2"]), ("r", 2, 1, ["z"])]
