@@ -65,7 +65,7 @@ class FloorGateway:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024))
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         try:
             yield
         finally:

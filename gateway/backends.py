@@ -92,6 +92,8 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 KEEPALIVE_SECONDS = 2.0
 """Idle connections are dropped before servers close them (uvicorn, vLLM's server: after 5 s), so a
 request is never sent on a connection the server is closing."""
+CONNECT_SECONDS = 5.0
+"""Seconds a new connection to an engine may take to open (the TCP connect only: see ``BackendPool.start``)."""
 
 
 class BackendPool:
@@ -157,10 +159,15 @@ class BackendPool:
         await asyncio.gather(*(self.check(b) for b in self.backends.values()))
 
     def start(self) -> None:
-        """On the event loop: open the client and check the backends from now on."""
+        """On the event loop: open the client and check the backends from now on.
+
+        The engine connections have no pool limit: ``--max-concurrent-calls`` (``middleware.CallLimit``) bounds
+        the calls, and with them the connections. A pool smaller than the calls in flight makes the rest wait
+        for a connection, and aiohttp's ``connect`` timeout counts that wait: at 2,048 calls in flight, calls
+        failed as if the engine were down. Only the socket's connect is timed (``sock_connect``)."""
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=1024, keepalive_timeout=KEEPALIVE_SECONDS),
-            timeout=aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=self.timeout))
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_SECONDS, sock_read=self.timeout))
 
         async def loop() -> None:
             while True:

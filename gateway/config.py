@@ -118,9 +118,10 @@ class GatewaySettings:
              "also listens on --port + 1 + i, which its base_urls name, with its own state under "
              "--state-dir/instance-i; a process that dies is restarted; auto: one per core")
     max_concurrent_calls: int = setting(
-        512, parse=positive_int,
-        help="engine calls (chat/completions, /generate) one instance serves at once; beyond, a call is "
-             "answered 503 with Retry-After at once rather than queued until its client times out")
+        4096, parse=positive_int,
+        help="engine calls (chat/completions, messages, /generate) one instance serves at once; beyond, a call "
+             "is answered 503 with Retry-After at once rather than queued until its client times out. An agent "
+             "waits on one call at a time: size it to the agents one instance serves")
     drain_delay: float = setting(
         5.0, parse=seconds,
         help="on SIGTERM, seconds the gateway keeps listening while /ready answers 503 and new calls get 503 with "

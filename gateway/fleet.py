@@ -37,8 +37,10 @@ from trajbus.gateway.config import EXIT_USAGE, GatewaySettings
 
 log = logging.getLogger("trajbus.gateway")
 
-BACKLOG = 2048
-"""Connections a socket queues while its instance is busy or being restarted."""
+BACKLOG = 4096
+"""Connections a socket queues while its instance is busy or being restarted: as many agents as one instance
+serves by default (``--max-concurrent-calls``) may connect at once. Linux queues at most
+``net.core.somaxconn`` (4096 by default)."""
 STOP_SECONDS = 30.0
 """What an instance may take to close after its drain (``--drain-delay`` + ``--drain-timeout``) before it is killed."""
 QUICK_EXIT_SECONDS = 30.0

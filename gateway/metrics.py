@@ -43,6 +43,8 @@ class GatewayMetrics:
                                         "state, by status", ["status"], registry=r)
         self.state_bytes = Gauge("trajbus_gateway_state_bytes", "Bytes of the gateway's trajectory state in use",
                                  registry=r)
+        self.calls_in_flight = Gauge("trajbus_gateway_calls_in_flight", "Engine calls this instance serves now "
+                                     "(at most its --max-concurrent-calls)", registry=r)
         self.shed = Counter("trajbus_gateway_shed", "Requests answered 503 at once because the gateway was at "
                             "its --max-concurrent-calls", ["route"], registry=r)
         self.generations = Counter("trajbus_gateway_generations", "Engine generations a weight update cut, then "

@@ -76,6 +76,7 @@ class CallLimit:
     def __init__(self, app: ASGIApp, limit: int, metrics: GatewayMetrics) -> None:
         self.app, self.limit, self.metrics = app, limit, metrics
         self.in_flight = 0
+        metrics.calls_in_flight.set_function(lambda: self.in_flight)  # read when scraped: nothing per call
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].endswith(ENGINE_CALLS):

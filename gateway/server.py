@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import signal
 import socket
 import sys
@@ -22,7 +23,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from trajbus.gateway.config import EXIT_USAGE, GatewaySettings, add_gateway_arguments, settings_from_args
 from trajbus.gateway.errors import bad_request
-from trajbus.gateway.fleet import GatewayFleet
+from trajbus.gateway.fleet import BACKLOG, GatewayFleet
 from trajbus.gateway.service import GatewayService
 from trajbus.gateway.tokenizer import check_tokenizer_path
 from trajbus.infra import ray_exit
@@ -100,6 +101,25 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+SPARE_FILES = 1024
+"""Open files beyond two per call in flight: Kafka's and the state's, the tokenizer's, the health checks'."""
+
+
+def raise_open_files_limit(calls: int) -> None:
+    """Each call in flight holds two sockets (its agent's, its engine's): the soft open-files limit is raised
+    toward the hard one to hold them (often 1,024 by default, where the 1,000th agent's call would fail)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 2 * calls + SPARE_FILES
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    if raised < needed:
+        log.warning("open files limited to %d (hard limit): about %d calls in flight fit, not the %d of "
+                    "--max-concurrent-calls; raise the hard limit (ulimit -Hn, LimitNOFILE=)", raised,
+                    (raised - SPARE_FILES) // 2, calls)
+
+
 def refused(exc: Exception) -> int:
     """Settings that cannot work: one line on stderr, exit 2."""
     print(f"trajbus gateway: {exc}", file=sys.stderr)
@@ -130,8 +150,9 @@ def serve(settings: GatewaySettings, sockets: list[socket.socket] | None = None)
     # log_config=None: uvicorn's lines go through our log setup (configure_logging), formatted as ours
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", log_config=None,
                             access_log=False, timeout_graceful_shutdown=settings.drain_timeout, loop="uvloop",
-                            http=JsonErrorProtocol)
+                            http=JsonErrorProtocol, backlog=BACKLOG)
     server = DrainingServer(config, app.state.service, settings.drain_delay)
+    raise_open_files_limit(settings.max_concurrent_calls)
     tune_for_serving()  # the app is built: its objects are frozen, the collector set for the calls' lists
     app.state.service.stop_serving = lambda: setattr(server, "should_exit", True)  # graceful, as on SIGTERM
     server.run(sockets=sockets)

@@ -20,7 +20,9 @@ ids or log-probs, and ``{"text": ..., "break_after": N}`` ends the body cleanly
 after N events (no ``finish_reason``, no ``[DONE]``). A reply may also carry
 ``"health_delay": seconds``: from the call that takes it on, ``GET /health``
 waits that long before answering, as a busy engine's may, while calls are
-answered as before (``0`` ends it).
+answered as before (``0`` ends it). ``{"text": ..., "gate": path}`` holds the
+call until that file exists, so a test can hold thousands of calls in flight
+at once and then let them all go (with ``--workers`` as many as it holds).
 
 Weight updates are scripted too, deterministically: ``/update_weights_from_disk``
 counts a load (``GET /get_model_info`` says how many), and every token's
@@ -67,6 +69,8 @@ class ScriptedReply:
     """To a streaming request: the body ends after this many events, with no finish_reason and no [DONE]."""
     health_delay: float | None = None
     """From this reply on, seconds ``GET /health`` waits before answering (``None``: unchanged)."""
+    gate: str | None = None
+    """A file: the call is held until it exists."""
 
 
 def log_prob(position: int, load: int = 1) -> float:
@@ -121,6 +125,8 @@ class ScriptedEngine:
         self._cut: list[tuple[list[int], ScriptedReply]] = []
         """Generations cut mid-stream: (prompt, reply), until a request continues one."""
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scripted")
+        self._gates: dict[str, threading.Event] = {}
+        """Each gate file's opening, set by one watching thread (not every held call polling the file)."""
 
     def _scripted(self, reply: str | dict[str, Any]) -> ScriptedReply:
         if isinstance(reply, str):
@@ -133,7 +139,8 @@ class ScriptedEngine:
         return ScriptedReply(text, ids, float(reply.get("delay", 0.0)), reply.get("fail"),
                              float(reply.get("token_delay", 0.0)), pieces if "".join(pieces) == text else None,
                              reply.get("unstreamed"), reply.get("break_after"),
-                             None if reply.get("health_delay") is None else float(reply["health_delay"]))
+                             None if reply.get("health_delay") is None else float(reply["health_delay"]),
+                             reply.get("gate"))
 
     def upcoming(self) -> ScriptedReply:
         """The reply the next new request takes (``Misbehaving`` decides how to answer it before it is sampled)."""
@@ -146,6 +153,21 @@ class ScriptedEngine:
         if reply.health_delay is not None:
             self.health_delay = reply.health_delay
         return reply
+
+    def _opened(self, gate: str) -> threading.Event:
+        """Set once ``gate`` exists (one thread watches each gate file until then)."""
+        with self._lock:
+            opened = self._gates.get(gate)
+            if opened is None:
+                opened = self._gates[gate] = threading.Event()
+
+                def watch() -> None:
+                    while not Path(gate).exists():
+                        time.sleep(0.05)
+                    opened.set()
+
+                threading.Thread(target=watch, name="scripted-gate", daemon=True).start()
+        return opened
 
     def generator(self, seed: int | None) -> None:
         return None
@@ -175,6 +197,8 @@ class ScriptedEngine:
                 with self._record.open("a") as out:
                     out.write(json.dumps({"prompt_ids": prompt_ids}) + "\n")
         time.sleep(reply.delay if not start else 0.0)  # the scripted engine's latency
+        if reply.gate is not None:
+            self._opened(reply.gate).wait()
         if reply.fail is not None:
             raise RuntimeError(reply.fail)
         ids, finish = reply.ids[start:start + params.max_tokens], "stop"
@@ -294,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer-path", type=Path, required=True)
     parser.add_argument("--replies", type=Path, required=True,
                         help="JSON list of replies served in turn: texts, or objects with text|fail and delay, "
-                             "token_delay, unstreamed, break_after or health_delay")
+                             "token_delay, unstreamed, break_after, health_delay or gate")
     parser.add_argument("--record", type=Path, help="append every received prompt to this JSON-lines file")
     parser.add_argument("--served-model-name", default="trajbus-scripted")
     parser.add_argument("--workers", type=int, default=1,

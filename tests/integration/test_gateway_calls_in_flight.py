@@ -1,0 +1,69 @@
+"""Thousands of calls in flight on one gateway instance (issue 47): an engine's call takes seconds, so a gateway in
+front of it holds as many calls at once as it has agents. With the default settings, 2,048 calls held by the
+engine at the same time are all answered: none shed (``--max-concurrent-calls``), none failed as if the engine
+were down (a connection pool smaller than the calls made the rest wait, and time out, for a connection)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import Counter
+
+import aiohttp
+import httpx
+
+from tests.helpers import wait_for
+
+CALLS = 2048
+IN_FLIGHT = re.compile(r"^trajbus_gateway_calls_in_flight (\S+)$", re.M)
+
+
+def calls_in_flight(gateway: str) -> int:
+    return int(float(IN_FLIGHT.search(httpx.get(f"{gateway}/metrics").text).group(1)))
+
+
+async def open_trajectories(session: aiohttp.ClientSession, gateway: str) -> list[str]:
+    """One trajectory per agent; their base URLs."""
+    async def one(k: int) -> str:
+        async with session.post(f"{gateway}/init_trajectory", json={"prompt_uid": f"p{k}", "n_rollouts": 1}) as r:
+            assert r.status == 200, await r.text()
+            return (await r.json())["base_url"]
+
+    return list(await asyncio.gather(*(one(k) for k in range(CALLS))))
+
+
+async def call_all(gateway: str) -> list[tuple[int, str]]:
+    """Every agent's call at once; (status, content or error) of each."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=300)) as session:
+        base_urls = await open_trajectories(session, gateway)
+
+        async def call(base_url: str) -> tuple[int, str]:
+            async with session.post(f"{base_url}/chat/completions", json={
+                    "model": "tiny", "messages": [{"role": "user", "content": "What is 3 + 1?"}]}) as r:
+                body = await r.json()
+                return r.status, body["choices"][0]["message"]["content"] if r.status == 200 else str(body)
+
+        return list(await asyncio.gather(*(call(url) for url in base_urls)))
+
+
+def test_2048_calls_held_by_the_engine_at_once_are_all_answered_with_the_defaults(
+        scripted_engine, start_gateway, tmp_path):
+    gate = tmp_path / "open"
+    engine, _ = scripted_engine([{"text": "4", "gate": str(gate)}], workers=CALLS)
+    gateway, _ = start_gateway([engine])  # no --max-concurrent-calls: the default
+
+    async def run() -> list[tuple[int, str]]:
+        answers = asyncio.create_task(call_all(gateway))
+        try:
+            # every call is in the gateway and held by the engine before any is answered
+            await asyncio.to_thread(wait_for, lambda: calls_in_flight(gateway) == CALLS or answers.done(), 180,
+                                    f"{CALLS} calls in flight at the gateway at once", interval=0.5)
+            assert not answers.done(), f"answered before the engine let any go: {Counter(answers.result())}"
+        finally:
+            gate.touch()
+        return await answers
+
+    answers = asyncio.run(run())
+    assert Counter(answers) == {(200, "4"): CALLS}
+    wait_for(lambda: calls_in_flight(gateway) == 0, 30, "every call to leave the gateway")
