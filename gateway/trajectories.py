@@ -5,7 +5,10 @@ metadata, the step counter, the backend with its prefix cache, the last
 conversation for the reward function) lives here, in SQLite under
 ``--state-dir``. Every change is committed before the gateway answers, and a
 committed transaction survives SIGKILL of the process, so a restarted gateway
-continues the same trajectories with the right step indices.
+continues the same trajectories with the right step indices. A commit writes the
+WAL only (no fsync, ``synchronous=NORMAL``): the event loop makes it in place
+when no other thread holds the connection, and a checkpointer thread of its own
+copies the WAL into the database, so a call never waits for a disk flush.
 
 A call takes its step indices when it publishes (under the trajectory's publish
 lock, after the engine answered) and never gives them back: a record whose fate
@@ -89,6 +92,8 @@ CREATE TABLE IF NOT EXISTS turns (
     PRIMARY KEY (trajectory_uid, first_step)
 )
 """
+CHECKPOINT_SECONDS = 1.0
+"""How often the checkpointer copies committed pages from the WAL into the database (never in a call's commit)."""
 CACHED_TRAJECTORIES = 1024
 """Trajectories held in memory (the most recently used); others are read, and their turns replayed, when used."""
 # Columns absent from the state of older gateways, added when it is opened:
@@ -171,11 +176,32 @@ class _Snapshots:
                 self._items.pop(uid, None)
 
 
+class _Checkpointer:
+    """Copies the WAL into the database every ``CHECKPOINT_SECONDS`` on its own thread and connection (a
+    passive checkpoint: writers go on meanwhile), so no commit on the event loop pays for one."""
+
+    def __init__(self, path: Path) -> None:
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trajectory-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(CHECKPOINT_SECONDS):
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._db.close()
+
+
 class TrajectoryStore:
     """SQLite (WAL) table of trajectories behind an in-memory cache; safe to call from any thread.
 
-    The gateway's writes run on one writer thread (``write``), so a slow commit (a WAL checkpoint on a busy
-    disk) never holds the event loop; reads of trajectories in use come from memory and never wait for one.
+    A change (``write``) is made on the event loop when the connection is free (a commit appends to the WAL,
+    no fsync; checkpoints run on ``_Checkpointer``'s thread), else on one writer thread, so a sweep holding
+    the connection never holds the loop. Reads of trajectories in use come from memory.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -184,6 +210,7 @@ class TrajectoryStore:
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes
+        self._db.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's thread does it, never a commit
         self._db.execute(_SCHEMA)
         present = {row[1] for row in self._db.execute("PRAGMA table_info(trajectories)")}
         for name, kind in _ADDED_COLUMNS.items():
@@ -191,10 +218,11 @@ class TrajectoryStore:
                 self._db.execute(f"ALTER TABLE trajectories ADD COLUMN {name} {kind}")
         self._db.execute(_INDEX)
         self._db.execute(_TURNS)
-        self._lock = threading.Lock()
-        """Guards the connection."""
+        self._lock = threading.RLock()
+        """Guards the connection (re-entered: a change made in place holds it around the change's own use)."""
         self._snapshots = _Snapshots()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="trajectory-state")
+        self._checkpointer = _Checkpointer(self.path)
 
     def _row(self, row: tuple) -> Trajectory:
         (uid, prompt_uid, channel, n_rollouts, metadata, version, backend, next_step, published, status,
@@ -204,7 +232,13 @@ class TrajectoryStore:
                           _unpack(context_ids), context_step, _acknowledged(acknowledged, published))
 
     async def write(self, change: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run one of the store's changes (``create``, ``take_steps``, ...) on the writer thread."""
+        """Make one of the store's changes (``create``, ``take_steps``, ...): in place when the connection is
+        free (a WAL append, microseconds), else on the writer thread, which waits for it."""
+        if self._lock.acquire(blocking=False):
+            try:
+                return change(*args, **kwargs)
+            finally:
+                self._lock.release()
         return await asyncio.get_running_loop().run_in_executor(self._writer, partial(change, *args, **kwargs))
 
     def get(self, trajectory_uid: str) -> Trajectory | None:
@@ -341,5 +375,6 @@ class TrajectoryStore:
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
+        self._checkpointer.close()
         with self._lock:
             self._db.close()
