@@ -1,0 +1,264 @@
+"""The gateway at fleet size: thousands of agents on one instance, each conversation growing to ~32k tokens.
+
+One gateway instance with its default limits, in front of an instant engine (``infra.scripted_engine``: a
+300-token reply, one id per character) and a broker. At each level (256 agents, then 4,096), every agent opens a
+trajectory and runs a 16-turn conversation, each turn adding a ~1.7k-token tool output and the reply, so the
+last prompt is ~32k tokens; all agents call at once, so every agent's call is in flight together. Per level:
+
+- the gateway's CPU per call (``benchmarks.cpu_meter``, the kernel's accounting);
+- its RSS grown over the level (all trajectories still open, their contexts whole), per agent and per
+  context token (the target counts every copy the process keeps of a context: <= 8 bytes a token);
+- bytes on the steps topic per step, against the step's distinct tokens (its new prompt tokens and its reply):
+  a keyframe storm (steps sent whole once the prefix memory is full) shows as bytes growing with the context;
+- the latency of the last turn's calls through the gateway, beside the same prompts sent straight to the
+  engine at the same concurrency; calls that failed; the most calls in flight (``trajbus_gateway_calls_in_flight``).
+
+Then the targets of issue 47 (item 1) against this run's figures. Prints two tables and writes
+benchmarks/results/fleet.json. ``--levels 64,512`` runs smaller levels (a quick look, not the targets).
+Uses TRAJBUS_BOOTSTRAP_SERVERS when set, else a throw-away embedded broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+import orjson
+import psutil
+
+from benchmarks.assembly_bench import RESULTS, percentile
+from benchmarks.cpu_meter import CpuMeter
+from benchmarks.gateway_bench import post
+from benchmarks.gateway_workload import REPLY, engine_prompts
+from benchmarks.targets import Target, print_targets
+from trajbus.gateway.backends import request_body
+from trajbus.gateway.server import raise_open_files_limit
+from trajbus.infra import clients, tiny_model
+from trajbus.infra.kafka_broker import EmbeddedKafka
+from trajbus.infra.topics import end_offsets_of, read_partition
+from trajbus.pipelines.processes import free_port, gateway_process, scripted_engine_process, wait_http
+from trajbus.pipelines.tables import print_table
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.prefix import PROMPT_FULL, StepDelta
+from trajbus.streams.wire.topics import steps_topic
+
+TURNS = 16
+LEVELS = (256, 4096)
+OUTPUT = "$ make check\n" + "".join(f"src/module_{i:02d}.py:{10 + i}: warning: unused import 'os' [W0611]\n"
+                                     for i in range(34))
+"""A turn's tool output: ~1.7k tokens of the tiny model (the reply adds 300: ~2k tokens a turn)."""
+CHANNEL = "train"
+METRICS_EVERY = 0.5
+
+
+def conversation() -> list[list[dict]]:
+    """The messages each turn sends (each reply being what the scripted engine answers)."""
+    messages: list[dict] = [{"role": "system", "content": "You are a coding agent fixing lint warnings."}]
+    turns = []
+    for turn in range(TURNS):
+        messages = messages + [{"role": "user", "content": f"Turn {turn}.\n{OUTPUT}"}]
+        turns.append(messages)
+        messages = messages + [{"role": "assistant", "content": REPLY}]
+    return turns
+
+
+async def most_in_flight(client: aiohttp.ClientSession, gateway: str, done: asyncio.Event) -> float:
+    """The highest ``trajbus_gateway_calls_in_flight`` read while the level runs."""
+    most = 0.0
+    while not done.is_set():
+        async with client.get(f"{gateway}/metrics") as response:
+            for line in (await response.text()).splitlines():
+                if line.startswith("trajbus_gateway_calls_in_flight "):
+                    most = max(most, float(line.split()[1]))
+        await asyncio.sleep(METRICS_EVERY)
+    return most
+
+
+async def agents_run(client: aiohttp.ClientSession, gateway: str, agents: int, bodies: list[bytes]
+                     ) -> tuple[list[str], list[float], int, float]:
+    """Every agent's trajectory opened, then all of them through their conversations at once: the base URLs,
+    the last turn's latencies, the calls that failed and the phase's wall seconds."""
+    urls = [orjson.loads(await post(client, f"{gateway}/init_trajectory", orjson.dumps(
+        {"prompt_uid": uuid.uuid4().hex, "n_rollouts": 1, "channel": CHANNEL})))["base_url"] for _ in range(agents)]
+    last_turn: list[float] = []
+    failed = 0
+
+    async def agent(url: str) -> None:
+        nonlocal failed
+        for turn, body in enumerate(bodies):
+            started = time.perf_counter()
+            try:
+                await post(client, f"{url}/chat/completions", body)
+            except (RuntimeError, aiohttp.ClientError, asyncio.TimeoutError):
+                failed += 1
+                return
+            if turn == len(bodies) - 1:
+                last_turn.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(agent(url) for url in urls))
+    return urls, last_turn, failed, time.perf_counter() - started
+
+
+async def direct_last_turn(client: aiohttp.ClientSession, engine: str, agents: int, prompt: list[int]) -> list[float]:
+    """The last turn's prompt straight to the engine by every agent at once: the engine's own latency."""
+    body = orjson.dumps(request_body(prompt, {"max_tokens": 512}, None, stream=False))
+
+    async def one() -> float:
+        started = time.perf_counter()
+        await post(client, f"http://{engine}/v1/completions", body)
+        return time.perf_counter() - started
+
+    return list(await asyncio.gather(*(one() for _ in range(agents))))
+
+
+def steps_bytes(bootstrap: str, topic: str, since: dict[tuple[str, int], int]) -> dict:
+    """Records of ``topic`` written after the offsets ``since``: steps, their bytes, their distinct tokens
+    (new prompt tokens and reply) and how many were keyframes after a trajectory's first step."""
+    ends = end_offsets_of(bootstrap, list(since))
+    reader = clients.reader(bootstrap, {"enable.partition.eof": True})
+    steps = value_bytes = distinct = keyframes = 0
+    try:
+        for (name, partition), end in ends.items():
+            for message in read_partition(reader, name, partition, since[(name, partition)], end):
+                record = codec.decode(message.value())
+                step = record.step if isinstance(record, StepDelta) else record
+                if not hasattr(step, "response_ids"):
+                    continue  # a trajectory's end
+                steps += 1
+                value_bytes += len(message.value())
+                distinct += len(step.prompt_ids) + len(step.response_ids)
+                whole = not isinstance(record, StepDelta) or record.kind == PROMPT_FULL
+                keyframes += whole and step.step_index > 0
+    finally:
+        reader.close()
+    return {"steps": steps, "bytes_per_step": value_bytes / max(steps, 1),
+            "bytes_per_distinct_token": value_bytes / max(distinct, 1), "keyframes_after_first": keyframes}
+
+
+async def level(engine: str, gateway: str, bootstrap: str, prefix: str, agents: int, turns: list[list[dict]],
+                prompts: list[list[int]], reply: list[int], meter: CpuMeter, gateway_pid: int) -> dict:
+    """One level: agents' conversations through the gateway (measured), then the engine alone on the last turn."""
+    bodies = [orjson.dumps({"model": "bench", "messages": t, "max_tokens": 512}) for t in turns]
+    topic = steps_topic(CHANNEL, prefix)
+    reader = clients.reader(bootstrap)
+    partitions = [(topic, p) for p in reader.list_topics(topic, timeout=10).topics[topic].partitions]
+    reader.close()
+    since = end_offsets_of(bootstrap, partitions)
+    rss_before = psutil.Process(gateway_pid).memory_info().rss
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=1800)) as client:
+        done = asyncio.Event()
+        watcher = asyncio.create_task(most_in_flight(client, gateway, done))
+        before = meter.snapshot()
+        urls, via, failed, wall = await agents_run(client, gateway, agents, bodies)
+        phase = meter.since(before)
+        done.set()
+        in_flight = await watcher
+        rss_grown = psutil.Process(gateway_pid).memory_info().rss - rss_before
+        direct = await direct_last_turn(client, engine, agents, prompts[-1])
+        for url in urls:  # the state freed for the next level
+            await post(client, f"{url}/complete_trajectory", orjson.dumps({"reward": 1.0}))
+    context = len(prompts[-1]) + len(reply)
+    calls = agents * TURNS
+    row = {"agents": agents, "calls": calls, "failed": failed, "wall_s": wall, "most_in_flight": in_flight,
+           "cpu": phase.summary(calls), "context_tokens": context,
+           "rss_grown_mb": rss_grown / 2**20, "rss_per_agent_kb": rss_grown / agents / 1024,
+           "rss_per_context_token": rss_grown / (agents * context),
+           "gateway_last_p50_ms": 1000 * statistics.median(via), "gateway_last_p99_ms": 1000 * percentile(via, 0.99),
+           "direct_last_p50_ms": 1000 * statistics.median(direct),
+           "direct_last_p99_ms": 1000 * percentile(direct, 0.99),
+           **steps_bytes(bootstrap, topic, since)}
+    print(f"  {agents} agents: {calls} calls in {wall:.0f} s, {failed} failed, gateway CPU "
+          f"{row['cpu']['cpu_ms_per_call']['gateway']:.2f} ms/call, RSS +{row['rss_grown_mb']:.0f} MB, "
+          f"{row['bytes_per_step']:.0f} B/step", flush=True)
+    return row
+
+
+def targets(rows: list[dict]) -> list[Target]:
+    """Issue 47's item 1 targets: the largest level against the smallest."""
+    small, large = rows[0], rows[-1]
+    cpu = {r["agents"]: r["cpu"]["cpu_ms_per_call"]["gateway"] for r in rows}
+    return [
+        Target(f"calls failed at {r['agents']} agents", "0", str(r["failed"]), r["failed"] == 0) for r in rows
+    ] + [
+        Target(f"calls in flight at once at {large['agents']} agents", f">= {large['agents']}",
+               f"{large['most_in_flight']:.0f}", large["most_in_flight"] >= large["agents"]),
+        Target(f"gateway CPU per call, {large['agents']} / {small['agents']} agents", "<= 1.2x",
+               f"{cpu[large['agents']] / cpu[small['agents']]:.3f}x ({cpu[large['agents']]:.2f} vs "
+               f"{cpu[small['agents']]:.2f} ms)", cpu[large["agents"]] <= 1.2 * cpu[small["agents"]]),
+        Target(f"bytes per step, {large['agents']} / {small['agents']} agents", "<= 1.1x",
+               f"{large['bytes_per_step'] / small['bytes_per_step']:.3f}x ({large['bytes_per_step']:.0f} vs "
+               f"{small['bytes_per_step']:.0f} B)", large["bytes_per_step"] <= 1.1 * small["bytes_per_step"]),
+        Target(f"gateway memory per context token at {large['agents']} agents", "<= 8 B",
+               f"{large['rss_per_context_token']:.1f} B ({large['rss_grown_mb']:.0f} MB for "
+               f"{large['agents']} x {large['context_tokens']} tokens)", large["rss_per_context_token"] <= 8),
+    ]
+
+
+def print_rows(rows: list[dict]) -> None:
+    print_table(["agents", "calls", "failed", "most in flight", "gateway CPU/call", "req/s", "RSS grown",
+                 "RSS/agent", "RSS/context token", "bytes/step", "bytes/distinct token", "keyframes after first",
+                 "last turn p50", "p99", "engine alone p50", "p99"],
+                [[r["agents"], r["calls"], r["failed"], f"{r['most_in_flight']:.0f}",
+                  f"{r['cpu']['cpu_ms_per_call']['gateway']:.2f} ms", f"{r['calls'] / r['wall_s']:.1f}",
+                  f"{r['rss_grown_mb']:.0f} MB", f"{r['rss_per_agent_kb']:.0f} KiB",
+                  f"{r['rss_per_context_token']:.1f} B", f"{r['bytes_per_step']:.0f}",
+                  f"{r['bytes_per_distinct_token']:.2f}", r["keyframes_after_first"],
+                  f"{r['gateway_last_p50_ms']:.0f} ms", f"{r['gateway_last_p99_ms']:.0f} ms",
+                  f"{r['direct_last_p50_ms']:.0f} ms", f"{r['direct_last_p99_ms']:.0f} ms"] for r in rows],
+                title=f"One gateway instance, {TURNS}-turn conversations to {rows[0]['context_tokens']} tokens, "
+                      "every agent calling at once (instant engine)")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fleet_bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="agents per level, comma-separated")
+    levels = [int(n) for n in parser.parse_args(argv).levels.split(",")]
+    raise_open_files_limit(max(levels))  # this client holds a socket per agent
+    workdir = Path(tempfile.mkdtemp(prefix="trajbus-bench-fleet-"))
+    broker, processes, rows = None, [], []
+    bootstrap = os.environ.get("TRAJBUS_BOOTSTRAP_SERVERS")
+    prefix = f"bench-fleet-{uuid.uuid4().hex[:6]}"
+    try:
+        if not bootstrap:
+            broker = EmbeddedKafka(state_dir=workdir / "broker")
+            bootstrap = broker.start().bootstrap_servers
+        model = tiny_model.build()
+        turns = conversation()
+        prompts, reply = engine_prompts(model, turns)
+        engine_port, gateway_port = free_port(), free_port()
+        processes.append(scripted_engine_process(engine_port, workdir, model, [REPLY]).start())
+        processes.append(gateway_process(bootstrap, prefix, [f"127.0.0.1:{engine_port}"], model, gateway_port,
+                                         workdir / "gateway-state", workdir / "gateway.log",
+                                         ["--prompt-length", "40000", "--response-length", "512"]).start())
+        gateway = f"http://127.0.0.1:{gateway_port}"
+        wait_http(f"{gateway}/ready", 120)
+        wait_http(f"http://127.0.0.1:{engine_port}/health", 120, processes[0])
+        meter = CpuMeter({"gateway": processes[1].pid, "engine": processes[0].pid})
+        print(f"\nfleet: {TURNS}-turn conversations growing to {len(prompts[-1])} prompt tokens, levels {levels}")
+        for agents in levels:
+            rows.append(asyncio.run(level(f"127.0.0.1:{engine_port}", gateway, bootstrap, prefix, agents, turns,
+                                          prompts, reply, meter, processes[1].pid)))
+    finally:
+        for process in reversed(processes):
+            process.stop()
+        if broker is not None:
+            broker.stop()
+    print_rows(rows)
+    result = {"levels": rows, "targets": print_targets(targets(rows), "Targets (issue 47, item 1)")}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "fleet.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
