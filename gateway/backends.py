@@ -38,6 +38,7 @@ import orjson
 
 from trajbus.gateway.backend_health import ALIVE_WINDOW, Change, Liveness, Probe
 from trajbus.gateway.engine_answers import BackendError, Completion, EngineStream, whole_answer
+from trajbus.gateway.token_ids import AnyIds, as_json
 
 log = logging.getLogger("trajbus.gateway")
 
@@ -74,10 +75,11 @@ class Backend:
                 "slow_health_checks": self.slow_health_checks}
 
 
-def request_body(prompt_ids: list[int], sampling: dict[str, Any], model: str | None, stream: bool,
+def request_body(prompt_ids: AnyIds, sampling: dict[str, Any], model: str | None, stream: bool,
                  stream_interval: int = 1) -> dict[str, Any]:
-    """The vLLM completions request of one call (``stream_interval``: tokens per streamed event, sent above 1)."""
-    body = {"prompt": prompt_ids, "logprobs": 0, "return_tokens_as_token_ids": True,
+    """The vLLM completions request of one call (``stream_interval``: tokens per streamed event, sent above 1);
+    written with ``orjson.OPT_SERIALIZE_NUMPY`` (a token array's ids go as a zero-copy view)."""
+    body = {"prompt": as_json(prompt_ids), "logprobs": 0, "return_tokens_as_token_ids": True,
             "skip_special_tokens": True, "stream": stream, **{k: v for k, v in sampling.items() if v is not None}}
     if model:
         body["model"] = model
@@ -92,14 +94,22 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 KEEPALIVE_SECONDS = 2.0
 """Idle connections are dropped before servers close them (uvicorn, vLLM's server: after 5 s), so a
 request is never sent on a connection the server is closing."""
-CONNECT_SECONDS = 5.0
-"""Seconds a new connection to an engine may take to open (the TCP connect only: see ``BackendPool.start``)."""
+CONNECT_SECONDS = 30.0
+"""Seconds a new connection to an engine may take to open (the TCP connect only: see ``BackendPool.start``). Long
+enough for a burst: when thousands of agents call at once, the event loop reaches a connection that opened at
+once only after the other calls' work, seconds later (at 5 s, 4,096 agents starting together on one instance
+got 503 no_backend from a healthy engine). An engine that is down refuses at once, and its health check takes
+one that does not answer out of service."""
+ENGINE_CONNECTIONS = 1024
+"""Connections one instance opens to one engine at most (``--engine-connections``): an engine's listening queue
+holds a few thousand new connections (vLLM's uvicorn: 2,048), and thousands opened at once overflow it: they are
+reset or time out as if the engine were down. Calls beyond wait in the gateway for one of its connections."""
 
 
 class BackendPool:
     def __init__(self, addresses: list[str], timeout: float = 600.0, health_interval: float = 2.0,
                  health_timeout: float = HEALTH_TIMEOUT, alive_window: float = ALIVE_WINDOW,
-                 read_interval: float = 0.0) -> None:
+                 read_interval: float = 0.0, connections_per_engine: int = ENGINE_CONNECTIONS) -> None:
         window = max(alive_window, 2 * health_interval + health_timeout)  # one slow probe after a pass: kept
         self.backends = {address: Backend(address, Liveness(window)) for address in addresses}
         self.health_timeout = aiohttp.ClientTimeout(total=health_timeout)
@@ -111,15 +121,18 @@ class BackendPool:
         self.timeout = timeout
         self.read_interval = read_interval
         """Seconds a stream waits after a read before the next (``EngineStream``)."""
+        self.connections_per_engine = connections_per_engine
         self.session: aiohttp.ClientSession | None = None
-        """Made by ``start``, on the event loop it serves."""
+        """The engine calls' client, made by ``start`` on the event loop it serves."""
+        self._probes: aiohttp.ClientSession | None = None
+        """The health probes' own client: a probe never waits behind the calls for a connection."""
         self._health_task: asyncio.Task | None = None
 
     # -- health -----------------------------------------------------------------
     async def check(self, backend: Backend) -> bool:
         """One health probe, judged beside the backend's recent answers; whether it is in service."""
         try:
-            async with self.session.get(f"{backend.address}/health", timeout=self.health_timeout) as response:
+            async with self._probes.get(f"{backend.address}/health", timeout=self.health_timeout) as response:
                 probe = Probe.PASSED if response.status == 200 else Probe.FAILED
                 if probe is Probe.FAILED:
                     backend.last_error = f"its health check answered {response.status}"
@@ -150,7 +163,7 @@ class BackendPool:
 
     async def _model_name(self, backend: Backend) -> str | None:
         try:
-            async with self.session.get(f"{backend.address}/v1/models", timeout=self.health_timeout) as response:
+            async with self._probes.get(f"{backend.address}/v1/models", timeout=self.health_timeout) as response:
                 return orjson.loads(await response.read())["data"][0]["id"]
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError, TypeError):
             return None
@@ -161,13 +174,14 @@ class BackendPool:
     def start(self) -> None:
         """On the event loop: open the client and check the backends from now on.
 
-        The engine connections have no pool limit: ``--max-concurrent-calls`` (``middleware.CallLimit``) bounds
-        the calls, and with them the connections. A pool smaller than the calls in flight makes the rest wait
-        for a connection, and aiohttp's ``connect`` timeout counts that wait: at 2,048 calls in flight, calls
-        failed as if the engine were down. Only the socket's connect is timed (``sock_connect``)."""
+        Each engine gets at most ``connections_per_engine`` connections; a call beyond waits for one, and the wait
+        is not timed: aiohttp's ``connect`` timeout would count it, and calls failed as if the engine were down
+        (at 2,048 calls in flight). Only the socket's connect is timed (``sock_connect``)."""
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS),
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=self.connections_per_engine,
+                                           keepalive_timeout=KEEPALIVE_SECONDS),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_SECONDS, sock_read=self.timeout))
+        self._probes = aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_SECONDS))
 
         async def loop() -> None:
             while True:
@@ -179,8 +193,9 @@ class BackendPool:
     async def close(self) -> None:
         if self._health_task is not None:
             self._health_task.cancel()
-        if self.session is not None:
-            await self.session.close()
+        for session in (self.session, self._probes):
+            if session is not None:
+                await session.close()
 
     @property
     def ready(self) -> bool:
@@ -218,7 +233,7 @@ class BackendPool:
 
     async def _send(self, body: dict[str, Any], preferred: str | None
                     ) -> tuple[Backend, aiohttp.ClientResponse]:
-        payload = orjson.dumps(body)
+        payload = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
         tried: set[str] = set()
         while True:
             backend = self.pick(preferred, exclude=tried)
@@ -250,7 +265,7 @@ class BackendPool:
             backend.liveness.answered(time.monotonic())  # a sign of life, beside its probes (O(1): a store)
             return backend, response
 
-    async def complete(self, prompt_ids: list[int], sampling: dict[str, Any],
+    async def complete(self, prompt_ids: AnyIds, sampling: dict[str, Any],
                        preferred: str | None = None) -> tuple[str, list[Completion]]:
         """One non-streaming call; returns the backend used and its choices."""
         backend, response = await self._send(request_body(prompt_ids, sampling, self.model, False), preferred)
@@ -264,7 +279,7 @@ class BackendPool:
             response.release()
         return backend.address, choices
 
-    async def stream(self, prompt_ids: list[int], sampling: dict[str, Any], preferred: str | None = None,
+    async def stream(self, prompt_ids: AnyIds, sampling: dict[str, Any], preferred: str | None = None,
                      stream_interval: int = 1) -> tuple[str, EngineStream]:
         """A streaming call: connects (with the no-answer retry) before returning the stream."""
         backend, response = await self._send(request_body(prompt_ids, sampling, self.model, True, stream_interval),

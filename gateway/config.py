@@ -18,7 +18,9 @@ from pathlib import Path
 from trajbus.gateway.admission import SETTINGS as ADMISSION_SETTINGS
 from trajbus.gateway.admission import AdmissionRules
 from trajbus.gateway.channels import REFRESH_SECONDS
+from trajbus.gateway.backends import ENGINE_CONNECTIONS
 from trajbus.gateway.conversation import CUMULATIVE, MULTI_TURN_MODES
+from trajbus.gateway.trajectories import CACHED_TRAJECTORIES
 from trajbus.infra.arguments import non_negative_float, positive_float, positive_int, seconds
 from trajbus.infra.declared import add_flags, missing_flags, resolve, setting
 from trajbus.infra.kafka_config import add_connection_arguments
@@ -122,6 +124,17 @@ class GatewaySettings:
         help="engine calls (chat/completions, messages, /generate) one instance serves at once; beyond, a call "
              "is answered 503 with Retry-After at once rather than queued until its client times out. An agent "
              "waits on one call at a time: size it to the agents one instance serves")
+    engine_connections: int = setting(
+        ENGINE_CONNECTIONS, parse=positive_int,
+        help="connections one instance opens to each engine at most; calls beyond wait for one. Thousands opened "
+             "at once overflow an engine's listening queue (vLLM's: 2,048) and fail as if it were down: keep it "
+             "below that queue divided by the instances in front of the engine")
+    cached_trajectories: int = setting(
+        CACHED_TRAJECTORIES, parse=positive_int,
+        help="open trajectories whose state a call reads from memory (the most recently used; another one's is "
+             "read from --state-dir and replayed, which costs its turns). Size it to the agents one instance "
+             "serves: each holds its context at 4 bytes a token here, and as much again as the steps' prefix "
+             "base, up to --prompt-length + --response-length tokens")
     drain_delay: float = setting(
         5.0, parse=seconds,
         help="on SIGTERM, seconds the gateway keeps listening while /ready answers 503 and new calls get 503 with "

@@ -23,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from trajbus.gateway.token_ids import AnyIds, TokenIds, packed
+
 CUMULATIVE, RENDER = "cumulative", "render"
 MULTI_TURN_MODES = (CUMULATIVE, RENDER)
 
@@ -33,7 +35,7 @@ _STAND_IN = [{"role": "user", "content": "\ue001"}, {"role": "assistant", "conte
 
 @dataclass(frozen=True)
 class Prompt:
-    ids: list[int]
+    ids: TokenIds
     new_segment: bool
     """True when the trajectory has a previous context and this prompt does not extend it."""
 
@@ -63,7 +65,7 @@ def extends(messages: list[dict[str, Any]], conversation: list[dict[str, Any]] |
     return all(_normal(a) == _normal(b) for a, b in zip(messages, conversation))
 
 
-def _overlap(context_ids: list[int], closing_ids: list[int]) -> int:
+def _overlap(context_ids: TokenIds, closing_ids: TokenIds) -> int:
     """How many of the template's end-of-turn ids the sampled response already ends with."""
     for k in range(min(len(closing_ids), len(context_ids)), 0, -1):
         if context_ids[-k:] == closing_ids[:k]:
@@ -78,7 +80,7 @@ class PromptBuilder:
         if mode not in MULTI_TURN_MODES:
             raise ValueError(f"multi_turn: must be one of {MULTI_TURN_MODES}, got {mode!r}")
         self.tokenizer, self.mode = tokenizer, mode
-        self._closings: dict[bytes, tuple[str, list[int]] | None] = {}
+        self._closings: dict[bytes, tuple[str, TokenIds] | None] = {}
         """Per tool list: what the template writes after an assistant turn, as text and ids (None: no mark)."""
 
     def _text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -86,8 +88,8 @@ class PromptBuilder:
         return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
                                                   add_generation_prompt=generation_prompt)
 
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+    def _encode(self, text: str) -> TokenIds:
+        return packed(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _closing(self, tools: list[dict[str, Any]] | None) -> tuple[str, list[int]] | None:
         """The end of an assistant turn under these tools (the same for every call that offers them)."""
@@ -100,14 +102,15 @@ class PromptBuilder:
             self._closings[key] = None if closing is None else (closing, self._encode(closing))
         return self._closings[key]
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> TokenIds:
         """The whole conversation's chat template, generation prompt included."""
         return self._encode(self._text(messages, tools, True))
 
-    def continuation(self, context_ids: list[int], new_messages: list[dict[str, Any]],
-                     tools: list[dict[str, Any]] | None) -> list[int] | None:
+    def continuation(self, context_ids: AnyIds, new_messages: list[dict[str, Any]],
+                     tools: list[dict[str, Any]] | None) -> TokenIds | None:
         """``context_ids`` + the template of ``new_messages`` after an assistant turn; None if the
         template does not separate them (then the caller renders the whole conversation)."""
+        context_ids = packed(context_ids)
         try:
             known = self._closing(tools)
             text = self._text(_STAND_IN + new_messages, tools, True)
@@ -125,7 +128,7 @@ class PromptBuilder:
         return context_ids + tail_ids[_overlap(context_ids, closing_ids):]
 
     def new_messages(self, messages: list[dict[str, Any]], conversation: list[dict[str, Any]] | None,
-                     context_ids: list[int] | None) -> list[dict[str, Any]] | None:
+                     context_ids: AnyIds | None) -> list[dict[str, Any]] | None:
         """What ``messages`` add to the conversation whose token state is ``context_ids``; None when the call
         does not continue it (or in render mode): then the whole conversation is rendered."""
         if self.mode == CUMULATIVE and context_ids and extends(messages, conversation):
@@ -133,7 +136,7 @@ class PromptBuilder:
         return None
 
     def build(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-              conversation: list[dict[str, Any]] | None, context_ids: list[int] | None) -> Prompt:
+              conversation: list[dict[str, Any]] | None, context_ids: AnyIds | None) -> Prompt:
         """The prompt of a call whose trajectory last saw ``conversation`` with ``context_ids``.
 
         Raises what the chat template raises for a conversation it cannot render.
@@ -141,11 +144,11 @@ class PromptBuilder:
         return self.build_new(messages, tools, self.new_messages(messages, conversation, context_ids), context_ids)
 
     def build_new(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                  new: list[dict[str, Any]] | None, context_ids: list[int] | None) -> Prompt:
+                  new: list[dict[str, Any]] | None, context_ids: AnyIds | None) -> Prompt:
         """``build``, given what ``new_messages`` found (a caller that sizes the work first asks once)."""
         if new is not None:
             ids = self.continuation(context_ids, new, tools)
             if ids is not None:
                 return Prompt(ids, False)
         ids = self.render(messages, tools)
-        return Prompt(ids, bool(context_ids) and ids[:len(context_ids)] != context_ids)
+        return Prompt(ids, bool(context_ids) and ids[:len(context_ids)] != packed(context_ids))

@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator
 from trajbus.gateway.backends import BackendPool
 from trajbus.gateway.engine_answers import Completion, EngineStream
 from trajbus.gateway.metrics import GatewayMetrics
+from trajbus.gateway.token_ids import AnyIds, joined
 from trajbus.gateway.updates import UpdateGate
 from trajbus.streams.wire.versions import Segments
 
@@ -53,7 +54,7 @@ class Sampled(Completion):
 class Generation:
     """Streams one call's choices from the engines across cuts (see the module docstring)."""
 
-    def __init__(self, pool: BackendPool, gate: UpdateGate, metrics: GatewayMetrics, prompt_ids: list[int],
+    def __init__(self, pool: BackendPool, gate: UpdateGate, metrics: GatewayMetrics, prompt_ids: AnyIds,
                  sampling: dict[str, Any], version: int, preferred: str | None, stop_ids: frozenset[int],
                  cuttable: bool = True, stream_interval: int = 1) -> None:
         self.pool, self.gate, self.metrics = pool, gate, metrics
@@ -207,7 +208,7 @@ class Generation:
         self._opened = []
         for choice in self._unfinished():
             sampling = {**self.sampling, "n": 1, "max_tokens": self.sampling["max_tokens"] - len(choice.token_ids)}
-            self.backend, stream = await self.pool.stream(self.prompt_ids + choice.token_ids, sampling, self.backend,
+            self.backend, stream = await self.pool.stream(joined(self.prompt_ids, choice.token_ids), sampling, self.backend,
                                                           self.stream_interval)
             self._opened.append((stream, [choice.index]))
         self.metrics.generations.labels("continued").inc()

@@ -20,6 +20,7 @@ from trajbus.gateway.channels import KnownChannels
 from trajbus.gateway.config import GatewaySettings
 from trajbus.gateway.errors import GatewayError, from_value_error, unavailable
 from trajbus.gateway.metrics import GatewayMetrics
+from trajbus.gateway.token_ids import TOKEN_BYTES
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.clients import authentication_failure, cluster_metadata, explain
 from trajbus.infra.kafka_config import connection_properties, redacted
@@ -35,6 +36,12 @@ TOPICS_LIST_TIMEOUT = 5.0
 """Seconds the broker has to list its topics when a call names a channel not known yet."""
 STEPS_NOT_ACKNOWLEDGED = "a retry is a new step; the unacknowledged one is never part of the trajectory"
 END_NOT_ACKNOWLEDGED = "retry complete_trajectory (the same end is sent again); the trajectory takes no more calls"
+
+
+def prefix_memory_bytes(settings: GatewaySettings) -> int:
+    """The producer's bound on its prefix bases: every trajectory held in memory at its longest context (a base
+    dropped for want of room sends the trajectory's next step whole, a keyframe)."""
+    return settings.cached_trajectories * (settings.prompt_length + settings.response_length) * TOKEN_BYTES
 
 
 def kafka_failure(exc: DeliveryError, consequence: str) -> GatewayError:
@@ -89,7 +96,8 @@ class KafkaLink:
         servers, producer = None, None
         try:
             servers = resolve_bootstrap_servers(self.settings.bootstrap_servers)
-            producer = StepProducer(servers, prefix=self.settings.prefix, timeout=self.settings.publish_timeout)
+            producer = StepProducer(servers, prefix=self.settings.prefix, timeout=self.settings.publish_timeout,
+                                    prefix_memory_bytes=prefix_memory_bytes(self.settings))
             for channel in self.channels.provisioned_at_start:
                 producer.provision(channel)
             admin = admin_client(servers)

@@ -23,6 +23,7 @@ from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.gateway.pacing import Pacing
 from trajbus.gateway.rewards import RewardScorer
 from trajbus.gateway.served_version import ServedVersion
+from trajbus.gateway.token_ids import joined
 from trajbus.gateway.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
 from trajbus.streams.client.producer import DeliveryError, TopicsUnavailable
 from trajbus.streams.wire.records import CONTINUES, SEGMENT_START, Step, validate_metadata
@@ -216,7 +217,7 @@ class TrajectoryLifecycle:
                      for i, c in enumerate(choices)]
             await self.kafka.publish(steps, trajectory.channel, "chat", trajectory.n_rollouts)
             await self.store.write(self.store.record_published, uid, first, len(steps), conversation, backend,
-                                   prompt.ids + choices[0].token_ids, first)
+                                   joined(prompt.ids, choices[0].token_ids), first)
         return steps
 
     # -- white-box trajectories ---------------------------------------------------

@@ -49,8 +49,9 @@ class GatewayService:
                                        without_torch=settings.reward_function is None,  # its code may need torch
                                        on_failure=lambda reason: self._give_up(reason, EXIT_USAGE))
         self.backends = BackendPool(settings.vllm_addresses, settings.backend_timeout, settings.health_interval,
-                                    read_interval=settings.engine_read_interval)
-        self.store = TrajectoryStore(settings.state_dir)
+                                    read_interval=settings.engine_read_interval,
+                                    connections_per_engine=settings.engine_connections)
+        self.store = TrajectoryStore(settings.state_dir, settings.cached_trajectories)
         self.rewards = RewardScorer(settings.reward_function, settings.reward_worker_name,
                                     settings.ray_address, settings.ray_namespace)
         self.kafka = KafkaLink(settings, self.metrics, on_connected=self._kafka_connected, give_up=self._give_up)

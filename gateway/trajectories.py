@@ -53,12 +53,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from cachetools import LRUCache
 
+from trajbus.gateway.token_ids import TokenIds, packed
+
 T = TypeVar("T")
 OPEN, COMPLETING, COMPLETED, ABANDONED = "open", "completing", "completed", "abandoned"
+CACHED_TRAJECTORIES = 8192
+"""Open trajectories held in memory by default: twice the calls an instance serves at once by default."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS trajectories (
@@ -94,8 +98,6 @@ CREATE TABLE IF NOT EXISTS turns (
 """
 CHECKPOINT_SECONDS = 1.0
 """How often the checkpointer copies committed pages from the WAL into the database (never in a call's commit)."""
-CACHED_TRAJECTORIES = 1024
-"""Trajectories held in memory (the most recently used); others are read, and their turns replayed, when used."""
 # Columns absent from the state of older gateways, added when it is opened:
 _ADDED_COLUMNS = {"context_ids": "BLOB", "context_step": "INTEGER", "acknowledged": "BLOB"}
 
@@ -115,27 +117,31 @@ class Trajectory:
     status: str = OPEN
     last_conversation: list[dict[str, Any]] | None = None
     created_at: float = field(default_factory=time.time)
-    context_ids: list[int] | None = None
-    """Prompt + sampled response of step ``context_step``: what the next call continues."""
+    context_ids: TokenIds | None = None
+    """Prompt + sampled response of step ``context_step``: what the next call continues (a token array:
+    4 bytes a token, ``gateway.token_ids``)."""
     context_step: int | None = None
     acknowledged: list[int] | None = field(default_factory=list)
     """Indices of the steps the broker acknowledged: what the trajectory consists of. None: unknown (steps
     published by a gateway that did not record them; its end then names no steps)."""
 
 
-def _pack(ids: list[int]) -> bytes:
-    return array("i", ids).tobytes()
+def _pack(ids: list[int] | TokenIds) -> bytes:
+    """32-bit ids as stored (a token array's own bytes: the same as ``array('i')``'s for ids below 2**31)."""
+    return ids.tobytes() if isinstance(ids, array) else array("i", ids).tobytes()
+
+
+def _unpack_ids(blob: bytes) -> TokenIds:
+    ids = packed(())
+    ids.frombytes(blob)
+    return ids
 
 
 def _unpack(blob: bytes | None) -> list[int] | None:
-    if blob is None:
-        return None
-    ids = array("i")
-    ids.frombytes(blob)
-    return ids.tolist()
+    return None if blob is None else _unpack_ids(blob).tolist()
 
 
-def _kept(before: list | None, after: list) -> int:
+def _kept(before: Sequence | None, after: Sequence) -> int:
     """How much of the previous state the new one starts with: all of it, or (a new segment) none."""
     return len(before) if before and after[:len(before)] == before else 0
 
@@ -151,7 +157,7 @@ class _Snapshots:
     """The trajectories in use, in memory, the least recently used dropped first (``cachetools``). A snapshot
     is never changed in place: a change replaces it whole, so a reader on another thread never sees half of one."""
 
-    def __init__(self, size: int = CACHED_TRAJECTORIES) -> None:
+    def __init__(self, size: int) -> None:
         self.size = size
         self._items: LRUCache[str, Trajectory] = LRUCache(size)
         self._lock = threading.Lock()
@@ -204,7 +210,9 @@ class TrajectoryStore:
     the connection never holds the loop. Reads of trajectories in use come from memory.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, cached: int = CACHED_TRAJECTORIES) -> None:
+        """``cached``: trajectories held in memory (the most recently used); another one is read, and its turns
+        replayed, when used (``--cached-trajectories``)."""
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "trajectories.sqlite3"
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -220,7 +228,7 @@ class TrajectoryStore:
         self._db.execute(_TURNS)
         self._lock = threading.RLock()
         """Guards the connection (re-entered: a change made in place holds it around the change's own use)."""
-        self._snapshots = _Snapshots()
+        self._snapshots = _Snapshots(cached)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="trajectory-state")
         self._checkpointer = _Checkpointer(self.path)
 
@@ -229,7 +237,8 @@ class TrajectoryStore:
          conversation, created_at, _updated, context_ids, context_step, acknowledged) = row
         return Trajectory(uid, prompt_uid, channel, n_rollouts, json.loads(metadata), version, backend, next_step,
                           published, status, json.loads(conversation) if conversation else None, created_at,
-                          _unpack(context_ids), context_step, _acknowledged(acknowledged, published))
+                          None if context_ids is None else _unpack_ids(context_ids), context_step,
+                          _acknowledged(acknowledged, published))
 
     async def write(self, change: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Make one of the store's changes (``create``, ``take_steps``, ...): in place when the connection is
@@ -257,7 +266,7 @@ class TrajectoryStore:
                     "ORDER BY first_step", (trajectory_uid,)):
                 trajectory.last_conversation = (trajectory.last_conversation or [])[:kept_messages] + \
                     json.loads(messages)
-                trajectory.context_ids = (trajectory.context_ids or [])[:kept_ids] + _unpack(ids)
+                trajectory.context_ids = (trajectory.context_ids or packed(()))[:kept_ids] + _unpack_ids(ids)
             self._snapshots.put(trajectory)
         return trajectory
 
@@ -298,12 +307,13 @@ class TrajectoryStore:
         return row[0] - count
 
     def record_published(self, trajectory_uid: str, first: int, count: int, conversation: list[dict[str, Any]],
-                         backend: str, context_ids: list[int], context_step: int) -> None:
+                         backend: str, context_ids: Sequence[int], context_step: int) -> None:
         """After the broker acknowledged a call's steps ``first``..``first + count - 1``: keep their
-        indices, the backend, and as a turn what the conversation and its token state gained."""
+        indices, the backend, and as a turn what the conversation and its token state (packed) gained."""
         before = self.get(trajectory_uid)
         if before is None:
             return
+        context_ids = packed(context_ids)
         acknowledged = None if before.acknowledged is None else before.acknowledged + list(range(first, first + count))
         kept_messages = _kept(before.last_conversation, conversation)
         kept_ids = _kept(before.context_ids, context_ids)

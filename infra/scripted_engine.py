@@ -311,6 +311,11 @@ class Misbehaving:
         return breaking
 
 
+BACKLOG = 8192
+"""Connections waiting to be accepted: a fleet-size gateway opens one per call in flight, thousands at once
+(uvicorn's default, 2,048, drops the rest's SYNs and they time out connecting)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
@@ -331,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                             workers=args.workers)
     log.info("scripted engine serving %s on http://%s:%d", args.tokenizer_path, args.host, args.port)
     app = Misbehaving(create_app(engine, args.served_model_name), engine)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", backlog=BACKLOG,
                 log_config=None, timeout_graceful_shutdown=5)
     engine.executor.shutdown()
     return 0

@@ -20,6 +20,7 @@ back than its keyframe, whose ``created_at`` the reference names.
 from __future__ import annotations
 
 import dataclasses
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,15 +62,17 @@ class Context:
     """A step's prompt + response, what the next step of its trajectory may extend."""
 
     step_index: int
-    tokens: np.ndarray | list[int]
-    """A reader's are numpy; a writer's are the caller's own list (see ``PrefixEncoder``)."""
+    tokens: np.ndarray | array | list[int]
+    """A reader's are numpy; a writer's are the caller's kind: a token array (4 bytes a token) or a list."""
     keyframe_at: float
     depth: int
     """Steps since the trajectory's last keyframe."""
 
     @property
     def nbytes(self) -> int:
-        return self.tokens.nbytes if isinstance(self.tokens, np.ndarray) else 8 * len(self.tokens)
+        if isinstance(self.tokens, (np.ndarray, array)):
+            return self.tokens.nbytes if isinstance(self.tokens, np.ndarray) else self.tokens.itemsize * len(self.tokens)
+        return 8 * len(self.tokens)
 
 
 def as_tokens(ids: list[int] | np.ndarray) -> np.ndarray:
@@ -118,9 +121,10 @@ class _Memory:
 class PrefixEncoder:
     """Producer side: remembers the last step sent per trajectory and expresses the next one against it.
 
-    It keeps a context as the caller's token list (pointers, 8 bytes a token, no conversion):
-    an agent's next prompt is usually that list extended, which one C-speed list comparison
-    confirms, so a step costs its new tokens, not its context."""
+    It keeps a context in the caller's kind: a token array (``array('I')``, 4 bytes a token, as the gateway
+    holds them) or a list (pointers to the caller's ints, 8 bytes a token). An agent's next prompt is usually
+    that context extended, which one C-speed comparison confirms, so a step costs its new tokens, not its
+    context."""
 
     def __init__(self, max_bytes: int = DEFAULT_MEMORY_BYTES, keyframe_every: int = KEYFRAME_EVERY) -> None:
         self.memory = _Memory(max_bytes)
@@ -134,7 +138,10 @@ class PrefixEncoder:
             return 0
         context = recent[-1].tokens
         head = step.prompt_ids[:len(context)]
-        return len(context) if len(head) == len(context) and list(head) == context else 0
+        if len(head) != len(context):
+            return 0
+        same = head == context if type(head) is type(context) else list(head) == list(context)
+        return len(context) if same else 0
 
     def delta(self, step: Step) -> StepDelta:
         """``step`` as it goes on the wire; it becomes the base the trajectory's next step may extend."""
@@ -143,7 +150,8 @@ class PrefixEncoder:
         prefix_len = self.extended(step)
         if base is not None and not prefix_len:  # not the whole context: where do they part?
             prefix_len = common_prefix(as_tokens(step.prompt_ids), as_tokens(base.tokens))
-        context = [*step.prompt_ids, *step.response_ids]
+        context = step.prompt_ids + array("I", step.response_ids) if isinstance(step.prompt_ids, array) \
+            else [*step.prompt_ids, *step.response_ids]
         if base is None or prefix_len == 0 or base.depth + 1 >= self.keyframe_every:
             delta = StepDelta(step, PROMPT_FULL, 0)
             remembered = Context(step.step_index, context, step.created_at, 0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from array import array
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, NoReturn
 
@@ -84,12 +85,15 @@ def _check_created_at(value: object) -> float:
 
 
 def _check_token_ids(name: str, ids: object, start: int = 0, non_empty: bool = False) -> None:
-    """``ids[start:]`` are token ids (those before ``start`` were checked already)."""
-    if not isinstance(ids, (list, tuple)):
+    """``ids[start:]`` are token ids (those before ``start`` were checked already). An ``array('I')`` (how the
+    gateway holds a context) holds nothing else."""
+    if not isinstance(ids, (list, tuple)) and not (isinstance(ids, array) and ids.typecode == "I"):
         raise ValueError(f"{name}: must be a list of token ids, got {type(ids).__name__}")
     if non_empty and not ids:
         raise ValueError(f"{name}: must hold at least one token id (a step is one call's sampled response), "
                          f"got {ids!r}")
+    if isinstance(ids, array):
+        return
     new = ids[start:] if start else ids
     if not new or (set(map(type, new)) == {int} and min(new) >= 0 and max(new) < _U32):
         return  # the common case at C speed

@@ -80,7 +80,7 @@ def group_of(bootstrap_servers: str, prefix: str, start_worker, uid: str) -> lis
 
 
 @pytest.mark.parametrize("template", ["default", "reasoning"])
-def test_turns_extend_exactly_the_sampled_tokens_plain_streamed_and_through_a_restart(
+def test_turns_extend_exactly_the_sampled_tokens_plain_streamed_out_of_memory_and_through_a_restart(
         bootstrap_servers, prefix, scripted_engine, start_gateway, start_worker, tiny_model_dir, tmp_path, template):
     tokenizer_dir = tiny_model_dir if template == "default" else \
         tiny_model.with_reasoning_template(tiny_model_dir, tmp_path / "reasoning-tokenizer")
@@ -88,17 +88,24 @@ def test_turns_extend_exactly_the_sampled_tokens_plain_streamed_and_through_a_re
         producer.provision("train")
     engine, record = scripted_engine(REPLIES)
     port, state = free_port(), tmp_path / "gateway-state"
-    options = ["--tokenizer-path", str(tokenizer_dir), "--prompt-length", "2048", "--response-length", "256"]
+    # One trajectory in memory: reading one drops the other's state from it, so between turns each trajectory is
+    # read once from the state directory, its turns replayed (``read``), as after the restart.
+    options = ["--tokenizer-path", str(tokenizer_dir), "--prompt-length", "2048", "--response-length", "256",
+               "--cached-trajectories", "1"]
     gateway, process = start_gateway([engine], options, port=port, state_dir=state)
     first = httpx.post(f"{gateway}/init_trajectory", json={"prompt_uid": "weather", "n_rollouts": 2}).json()
     second = httpx.post(f"{gateway}/init_trajectory", json={"prompt_uid": "weather", "n_rollouts": 2}).json()
 
+    def read(trajectory: dict) -> None:
+        assert httpx.get(f"{trajectory['base_url']}/models").status_code == 200
+
     def restart() -> None:  # SIGKILL between two turns: the token state is in the gateway's state directory
         process.kill()
         start_gateway([engine], options, port=port, state_dir=state)
+        read(second)
 
     weather_episode(agent(first["base_url"]), stream=False, between=restart)
-    weather_episode(agent(second["base_url"]), stream=True)
+    weather_episode(agent(second["base_url"]), stream=True, between=lambda: read(first))
     for t in (first, second):
         assert httpx.post(f"{t['base_url']}/complete_trajectory", json={"reward": 1.0}).status_code == 200
     assert httpx.get(f"{gateway}/statistics").json()["prompts"] == {"first": 1.0, "continued": 4.0}  # since restart

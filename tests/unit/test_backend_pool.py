@@ -130,7 +130,7 @@ def test_a_backend_first_seen_healthy_is_ready_not_back_in(caplog):
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         address = "http://127.0.0.1:%d" % runner.addresses[0][1]
         pool = BackendPool([address])
-        pool.session = ClientSession()
+        pool.session, pool._probes = ClientSession(), ClientSession()  # as start() makes them, no probe loop
         backend = pool.backends[address]
         try:
             for status in (200, 200, 503, 200):
@@ -192,7 +192,7 @@ class Engine:
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
         self.address = "http://127.0.0.1:%d" % self.runner.addresses[0][1]
         pool = BackendPool([self.address], **pool_options)
-        pool.session = ClientSession()
+        pool.session, pool._probes = ClientSession(), ClientSession()  # as start() makes them, no probe loop
         try:
             yield pool
         finally:

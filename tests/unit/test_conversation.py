@@ -7,6 +7,7 @@ import copy
 import pytest
 
 from trajbus.gateway.conversation import CUMULATIVE, RENDER, PromptBuilder, extends
+from trajbus.gateway.token_ids import joined
 from trajbus.infra import tiny_model
 from trajbus.infra.scripted_engine import noncanonical_ids
 
@@ -35,7 +36,7 @@ def sampled(tokenizer, text: str, eos: bool = True) -> list[int]:
 def first_turn(builder: PromptBuilder, messages: list[dict], reply: str, tools=None, eos: bool = True):
     prompt = builder.build(messages, tools, None, None)
     assert not prompt.new_segment and prompt.ids == builder.render(messages, tools)
-    context = prompt.ids + sampled(builder.tokenizer, reply, eos)
+    context = joined(prompt.ids, sampled(builder.tokenizer, reply, eos))  # as the gateway keeps it
     return context, messages + [{"role": "assistant", "content": reply}]
 
 
@@ -70,7 +71,7 @@ def test_tool_results_with_tools_present_continue_the_tool_call(tokenizer):
     reply = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     user = [{"role": "user", "content": "Weather in Paris?"}]
     prompt = builder.build(user, tools, None, None)
-    context = prompt.ids + sampled(tokenizer, reply)
+    context = joined(prompt.ids, sampled(tokenizer, reply))
     conversation = user + [{"role": "assistant", "content": None, "tool_calls": [CALL]}]
     echoed = user + [{"role": "assistant", "content": "", "tool_calls": [
         {**CALL, "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}]

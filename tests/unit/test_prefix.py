@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from array import array
 
 import pytest
 
@@ -169,3 +170,38 @@ def test_a_turn_that_extends_the_last_context_sent_is_validated_from_its_new_tok
     with pytest.raises(ValueError, match=r"^prompt_ids\[0\]: "):
         edited.validate(known_prefix=encoder.extended(edited))
     assert encoder.extended(trajectory("other", 2)[1]) == 0
+
+
+def packed_prompt(step: Step) -> Step:
+    """The step as the gateway builds it: its prompt a token array (``gateway.token_ids``)."""
+    return dataclasses.replace(step, prompt_ids=array("I", step.prompt_ids))
+
+
+@pytest.mark.parametrize("turn", ["continued", "new segment", "cut and continued"])
+def test_a_step_whose_prompt_is_a_token_array_goes_on_the_wire_as_its_list_twin_does(turn):
+    steps = trajectory("t", 3)
+    third = steps[2].prompt_ids
+    steps[2] = dataclasses.replace(steps[2], prompt_ids={
+        "continued": third, "new segment": [5] * 300, "cut and continued": third[:len(TASK) + 20] + [9] * 50}[turn])
+    as_lists, as_arrays = PrefixEncoder(), PrefixEncoder()
+    values = [codec.encode(as_lists.delta(step)) for step in steps]
+    deltas = [as_arrays.delta(packed_prompt(step)) for step in steps]
+    assert [codec.encode(delta) for delta in deltas] == values  # the same bytes
+    kind, prefix = {"continued": (PROMPT_EXTENDS_STEP, len(steps[1].prompt_ids) + 40),
+                    "new segment": (PROMPT_FULL, 0), "cut and continued": (PROMPT_EXTENDS_STEP, len(TASK) + 20)}[turn]
+    assert (deltas[2].kind, deltas[2].prefix_len) == (kind, prefix)
+    resolver = PrefixResolver()
+    assert [resolver.resolve(codec.decode(value)) for value in values] == steps
+
+
+def test_a_token_array_context_costs_4_bytes_a_token_and_its_turns_are_checked_from_their_new_tokens_on():
+    steps = [packed_prompt(step) for step in trajectory("t", 3)]
+    encoder = PrefixEncoder()
+    encoder.delta(steps[0])
+    context = len(steps[0].prompt_ids) + len(steps[0].response_ids)
+    assert encoder.memory.bytes == 4 * context
+    assert encoder.extended(steps[1]) == context
+    assert encoder.extended(dataclasses.replace(steps[1], prompt_ids=array("I", [1]) + steps[1].prompt_ids[1:])) == 0
+    assert Step.validate(steps[1]) is steps[1]
+    with pytest.raises(ValueError, match="^prompt_ids: must be a list of token ids, got array"):
+        dataclasses.replace(steps[1], prompt_ids=array("i", steps[1].prompt_ids)).validate()  # signed: not ids

@@ -69,7 +69,7 @@ def test_record_published_keeps_indices_conversation_and_backend(store):
     t = store.get("t1")
     assert (t.published_steps, t.acknowledged, t.backend) == (3, [0, 1, 2], "http://c:1")
     assert t.last_conversation == [{"role": "assistant", "content": "yo"}]
-    assert (t.context_ids, t.context_step) == ([1, 2, 3, 150_000], 2)
+    assert (t.context_ids.tolist(), t.context_step) == ([1, 2, 3, 150_000], 2)
 
 
 def test_state_of_an_older_gateway_gains_the_token_state_columns(tmp_path):
@@ -88,8 +88,8 @@ def test_state_of_an_older_gateway_gains_the_token_state_columns(tmp_path):
         assert (store.get("t0").published_steps, store.get("t0").context_ids) == (1, None)
         store.record_published("t0", 1, 1, [], "http://a:1", [7], 1)
         # Step 0 was published by the older gateway, which did not record indices: unknown, not [1].
-        assert (store.get("t0").context_ids, store.get("t0").acknowledged, store.get("t0").published_steps) == \
-            ([7], None, 2)
+        assert (store.get("t0").context_ids.tolist(), store.get("t0").acknowledged,
+                store.get("t0").published_steps) == ([7], None, 2)
         store.record_published("fresh", 0, 1, [], "http://a:1", [7], 0)
         assert store.get("fresh").acknowledged == [0]
     finally:
@@ -182,7 +182,8 @@ def test_a_call_writes_only_what_it_adds_and_a_reopened_store_replays_the_turns(
 
     reopened = TrajectoryStore(tmp_path / "state")  # a restarted gateway: nothing in memory
     t = reopened.get("t1")
-    assert (t.last_conversation, t.context_ids, t.context_step, t.acknowledged) == (edited, [7, 8, 9], 2, [0, 1, 2])
+    assert (t.last_conversation, t.context_ids.tolist(), t.context_step, t.acknowledged) == \
+        (edited, [7, 8, 9], 2, [0, 1, 2])
     assert reopened.transition("t1", OPEN, COMPLETING) and reopened.transition("t1", COMPLETING, COMPLETED)
     assert reopened._db.execute("SELECT COUNT(*) FROM turns").fetchone()[0] == 0  # a finished one keeps none
     reopened.close()
