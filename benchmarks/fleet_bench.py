@@ -28,6 +28,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
@@ -39,7 +40,7 @@ from benchmarks.cpu_meter import CpuMeter
 from benchmarks.gateway_bench import post
 from benchmarks.gateway_workload import REPLY, engine_prompts
 from benchmarks.targets import Target, print_targets
-from trajbus.gateway.backends import request_body
+from trajbus.gateway.backends import KEEPALIVE_SECONDS, request_body
 from trajbus.gateway.server import raise_open_files_limit
 from trajbus.infra import clients, tiny_model
 from trajbus.infra.kafka_broker import EmbeddedKafka
@@ -56,6 +57,9 @@ OUTPUT = "$ make check\n" + "".join(f"src/module_{i:02d}.py:{10 + i}: warning: u
                                      for i in range(34))
 """A turn's tool output: ~1.7k tokens of the tiny model (the reply adds 300: ~2k tokens a turn)."""
 CHANNEL = "train"
+CALL_EVERY_SECONDS = 10.0
+"""The reference workload for sizing: each agent makes one call every ~10 s (an engine's reply and the agent's
+tool take the rest), so 1,000 agents make 100 calls a second."""
 METRICS_EVERY = 0.5
 
 
@@ -74,31 +78,35 @@ async def most_in_flight(client: aiohttp.ClientSession, gateway: str, done: asyn
     """The highest ``trajbus_gateway_calls_in_flight`` read while the level runs."""
     most = 0.0
     while not done.is_set():
-        async with client.get(f"{gateway}/metrics") as response:
-            for line in (await response.text()).splitlines():
-                if line.startswith("trajbus_gateway_calls_in_flight "):
-                    most = max(most, float(line.split()[1]))
+        try:
+            async with client.get(f"{gateway}/metrics") as response:
+                text = await response.text()
+        except aiohttp.ClientError:  # a reading lost under load: the next one counts
+            text = ""
+        for line in text.splitlines():
+            if line.startswith("trajbus_gateway_calls_in_flight "):
+                most = max(most, float(line.split()[1]))
         await asyncio.sleep(METRICS_EVERY)
     return most
 
 
 async def agents_run(client: aiohttp.ClientSession, gateway: str, agents: int, bodies: list[bytes]
-                     ) -> tuple[list[str], list[float], int, float]:
+                     ) -> tuple[list[str], list[float], Counter, float]:
     """Every agent's trajectory opened, then all of them through their conversations at once: the base URLs,
-    the last turn's latencies, the calls that failed and the phase's wall seconds."""
+    the last turn's latencies, the failed calls by what failed them, and the phase's wall seconds. An agent whose
+    call failed stops there."""
     urls = [orjson.loads(await post(client, f"{gateway}/init_trajectory", orjson.dumps(
         {"prompt_uid": uuid.uuid4().hex, "n_rollouts": 1, "channel": CHANNEL})))["base_url"] for _ in range(agents)]
     last_turn: list[float] = []
-    failed = 0
+    failed: Counter = Counter()
 
     async def agent(url: str) -> None:
-        nonlocal failed
         for turn, body in enumerate(bodies):
             started = time.perf_counter()
             try:
                 await post(client, f"{url}/chat/completions", body)
-            except (RuntimeError, aiohttp.ClientError, asyncio.TimeoutError):
-                failed += 1
+            except (RuntimeError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                failed[f"{type(exc).__name__}: {str(exc).rpartition(' answered ')[2][:120]}"] += 1
                 return
             if turn == len(bodies) - 1:
                 last_turn.append(time.perf_counter() - started)
@@ -154,30 +162,34 @@ async def level(engine: str, gateway: str, bootstrap: str, prefix: str, agents: 
     reader.close()
     since = end_offsets_of(bootstrap, partitions)
     rss_before = psutil.Process(gateway_pid).memory_info().rss
-    connector = aiohttp.TCPConnector(limit=0)
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS)  # closed before the server does
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=1800)) as client:
         done = asyncio.Event()
         watcher = asyncio.create_task(most_in_flight(client, gateway, done))
         before = meter.snapshot()
-        urls, via, failed, wall = await agents_run(client, gateway, agents, bodies)
+        urls, via, failures, wall = await agents_run(client, gateway, agents, bodies)
         phase = meter.since(before)
         done.set()
         in_flight = await watcher
         rss_grown = psutil.Process(gateway_pid).memory_info().rss - rss_before
         direct = await direct_last_turn(client, engine, agents, prompts[-1])
-        for url in urls:  # the state freed for the next level
-            await post(client, f"{url}/complete_trajectory", orjson.dumps({"reward": 1.0}))
+        for url in urls:  # the state freed for the next level (a trajectory whose first call failed has none)
+            async with client.post(f"{url}/complete_trajectory", json={"reward": 1.0}) as response:
+                await response.read()
     context = len(prompts[-1]) + len(reply)
     calls = agents * TURNS
-    row = {"agents": agents, "calls": calls, "failed": failed, "wall_s": wall, "most_in_flight": in_flight,
-           "cpu": phase.summary(calls), "context_tokens": context,
+    cpu = phase.summary(calls)
+    row = {"agents": agents, "calls": calls, "failed": sum(failures.values()), "failures": dict(failures),
+           "wall_s": wall, "most_in_flight": in_flight,
+           "cpu": cpu, "context_tokens": context,
+           "cores_per_1000_agents": 1000 / CALL_EVERY_SECONDS * cpu["cpu_ms_per_call"]["gateway"] / 1000,
            "rss_grown_mb": rss_grown / 2**20, "rss_per_agent_kb": rss_grown / agents / 1024,
            "rss_per_context_token": rss_grown / (agents * context),
            "gateway_last_p50_ms": 1000 * statistics.median(via), "gateway_last_p99_ms": 1000 * percentile(via, 0.99),
            "direct_last_p50_ms": 1000 * statistics.median(direct),
            "direct_last_p99_ms": 1000 * percentile(direct, 0.99),
            **steps_bytes(bootstrap, topic, since)}
-    print(f"  {agents} agents: {calls} calls in {wall:.0f} s, {failed} failed, gateway CPU "
+    print(f"  {agents} agents: {calls} calls in {wall:.0f} s, {row['failed']} failed {failures or ''}, gateway CPU "
           f"{row['cpu']['cpu_ms_per_call']['gateway']:.2f} ms/call, RSS +{row['rss_grown_mb']:.0f} MB, "
           f"{row['bytes_per_step']:.0f} B/step", flush=True)
     return row
@@ -205,18 +217,21 @@ def targets(rows: list[dict]) -> list[Target]:
 
 
 def print_rows(rows: list[dict]) -> None:
-    print_table(["agents", "calls", "failed", "most in flight", "gateway CPU/call", "req/s", "RSS grown",
+    print_table(["agents", "calls", "failed", "most in flight", "gateway CPU/call", "cores/1,000 agents", "req/s",
+                 "RSS grown",
                  "RSS/agent", "RSS/context token", "bytes/step", "bytes/distinct token", "keyframes after first",
                  "last turn p50", "p99", "engine alone p50", "p99"],
                 [[r["agents"], r["calls"], r["failed"], f"{r['most_in_flight']:.0f}",
-                  f"{r['cpu']['cpu_ms_per_call']['gateway']:.2f} ms", f"{r['calls'] / r['wall_s']:.1f}",
+                  f"{r['cpu']['cpu_ms_per_call']['gateway']:.2f} ms", f"{r['cores_per_1000_agents']:.2f}",
+                  f"{r['calls'] / r['wall_s']:.1f}",
                   f"{r['rss_grown_mb']:.0f} MB", f"{r['rss_per_agent_kb']:.0f} KiB",
                   f"{r['rss_per_context_token']:.1f} B", f"{r['bytes_per_step']:.0f}",
                   f"{r['bytes_per_distinct_token']:.2f}", r["keyframes_after_first"],
                   f"{r['gateway_last_p50_ms']:.0f} ms", f"{r['gateway_last_p99_ms']:.0f} ms",
                   f"{r['direct_last_p50_ms']:.0f} ms", f"{r['direct_last_p99_ms']:.0f} ms"] for r in rows],
                 title=f"One gateway instance, {TURNS}-turn conversations to {rows[0]['context_tokens']} tokens, "
-                      "every agent calling at once (instant engine)")
+                      f"every agent calling at once (instant engine); cores per 1,000 agents at one call each every "
+                      f"{CALL_EVERY_SECONDS:g} s")
 
 
 def main(argv: list[str] | None = None) -> dict:

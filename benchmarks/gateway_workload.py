@@ -45,6 +45,6 @@ def engine_prompts(model_dir: Path, turns: list[list[dict]]) -> tuple[list[list[
     builder, reply = PromptBuilder(tokenizer), noncanonical_ids(tokenizer, REPLY) + [tokenizer.eos_token_id]
     prompts, said, context = [], None, None
     for messages in turns:
-        prompts.append(builder.build(messages, None, said, context).ids)
+        prompts.append(builder.build(messages, None, said, context).ids.tolist())
         said, context = messages + [{"role": "assistant", "content": REPLY}], prompts[-1] + reply
     return prompts, reply
