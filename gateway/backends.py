@@ -47,6 +47,13 @@ NO_ANSWER = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, aiohttp.Con
 connection in time): nothing came back, so another backend may try."""
 
 
+def lost_connection(exc: Exception) -> bool:
+    """An open connection the engine closed before answering (not a refused one): most often a kept-alive one
+    its server timed out as the request went out, which an engine behind on its event loop does under load."""
+    return isinstance(exc, (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError)) and \
+        not isinstance(exc, aiohttp.ClientConnectorError)
+
+
 class NoBackendAvailable(RuntimeError):
     """Every backend is out (or was tried and refused the connection)."""
 
@@ -235,6 +242,7 @@ class BackendPool:
                     ) -> tuple[Backend, aiohttp.ClientResponse]:
         payload = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
         tried: set[str] = set()
+        reconnected = False  # one lost connection is retried on the same engine, on a new one
         while True:
             backend = self.pick(preferred, exclude=tried)
             tried.add(backend.address)
@@ -245,6 +253,10 @@ class BackendPool:
                                                    headers=JSON_HEADERS)
             except NO_ANSWER as exc:  # nothing came back: safe to try another backend
                 backend.in_flight -= 1
+                if lost_connection(exc) and not reconnected:
+                    reconnected, preferred = True, backend.address
+                    tried.discard(backend.address)
+                    continue
                 self._refused(backend, exc)
                 continue
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:

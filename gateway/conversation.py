@@ -91,7 +91,7 @@ class PromptBuilder:
     def _encode(self, text: str) -> TokenIds:
         return packed(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _closing(self, tools: list[dict[str, Any]] | None) -> tuple[str, list[int]] | None:
+    def _closing(self, tools: list[dict[str, Any]] | None) -> tuple[str, TokenIds] | None:
         """The end of an assistant turn under these tools (the same for every call that offers them)."""
         key = orjson.dumps(tools or None, option=orjson.OPT_SORT_KEYS)
         if key not in self._closings:

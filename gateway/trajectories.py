@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -60,6 +61,7 @@ from cachetools import LRUCache
 from trajbus.gateway.token_ids import TokenIds, packed
 
 T = TypeVar("T")
+log = logging.getLogger("trajbus.gateway")
 OPEN, COMPLETING, COMPLETED, ABANDONED = "open", "completing", "completed", "abandoned"
 CACHED_TRAJECTORIES = 8192
 """Open trajectories held in memory by default: twice the calls an instance serves at once by default."""
@@ -187,6 +189,7 @@ class _Checkpointer:
     passive checkpoint: writers go on meanwhile), so no commit on the event loop pays for one."""
 
     def __init__(self, path: Path) -> None:
+        self._path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trajectory-checkpoint", daemon=True)
@@ -194,7 +197,10 @@ class _Checkpointer:
 
     def _run(self) -> None:
         while not self._stop.wait(CHECKPOINT_SECONDS):
-            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except sqlite3.Error as exc:  # the next one copies what this one could not
+                log.warning("trajectory state checkpoint failed path=%s error=%s", self._path, exc)
 
     def close(self) -> None:
         self._stop.set()

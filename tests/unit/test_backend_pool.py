@@ -159,6 +159,8 @@ class Engine:
         """Seconds between a stream's ``[DONE]`` and its body's end (a later packet)."""
         self.peers: list[tuple] = []
         """Each completion request's client address: one per connection."""
+        self.drop = 0
+        """Completion requests whose connection is closed unanswered (a server timing out a kept-alive one)."""
         self.address = ""
         self.runner: web.AppRunner | None = None
 
@@ -169,6 +171,10 @@ class Engine:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         if self.status != 200:
             return web.json_response({"error": "engine fault"}, status=self.status)
+        if self.drop:
+            self.drop -= 1
+            request.transport.close()
+            return web.Response()  # never sent: the connection is gone
         self.peers.append(request.transport.get_extra_info("peername"))
         choice = {"index": 0, "text": "4", "finish_reason": "stop",
                   "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5]}}
@@ -267,5 +273,24 @@ def test_streams_read_to_done_keep_one_connection_even_when_the_body_ends_later(
                 _, stream = await pool.stream([1, 2], {"max_tokens": 4})
                 assert [piece.token_ids async for piece in stream] == [[7]]
         assert len(engine.peers) == 3 and len(set(engine.peers)) == 1
+
+    asyncio.run(run())
+
+
+def test_a_connection_the_engine_closes_unanswered_is_retried_once_and_the_engine_stays_in():
+    """Under load an engine's server times out a kept-alive connection as the next request goes out on it: the
+    call is sent again on another connection, and the engine is not taken out; a second loss in a row is."""
+    async def run() -> None:
+        engine = Engine()
+        async with engine.serving() as pool:
+            backend = pool.backends[engine.address]
+            assert await pool.check(backend)
+            engine.drop = 1
+            _, [answer] = await pool.complete([1], {})
+            assert answer.token_ids == [7] and backend.liveness.in_service and backend.failures == 0
+            engine.drop = 2
+            with pytest.raises(NoBackendAvailable):
+                await pool.complete([1], {})
+            assert not backend.liveness.in_service and engine.drop == 0
 
     asyncio.run(run())
