@@ -38,7 +38,7 @@ import psutil
 from benchmarks.assembly_bench import RESULTS, percentile
 from benchmarks.cpu_meter import CpuMeter
 from benchmarks.gateway_bench import post
-from benchmarks.gateway_workload import REPLY, engine_prompts
+from benchmarks.gateway_workload import REPLY, conversation, engine_prompts
 from benchmarks.targets import Target, print_targets
 from trajbus.gateway.backends import KEEPALIVE_SECONDS, request_body
 from trajbus.gateway.server import raise_open_files_limit
@@ -61,17 +61,6 @@ CALL_EVERY_SECONDS = 10.0
 """The reference workload for sizing: each agent makes one call every ~10 s (an engine's reply and the agent's
 tool take the rest), so 1,000 agents make 100 calls a second."""
 METRICS_EVERY = 0.5
-
-
-def conversation() -> list[list[dict]]:
-    """The messages each turn sends (each reply being what the scripted engine answers)."""
-    messages: list[dict] = [{"role": "system", "content": "You are a coding agent fixing lint warnings."}]
-    turns = []
-    for turn in range(TURNS):
-        messages = messages + [{"role": "user", "content": f"Turn {turn}.\n{OUTPUT}"}]
-        turns.append(messages)
-        messages = messages + [{"role": "assistant", "content": REPLY}]
-    return turns
 
 
 async def most_in_flight(client: aiohttp.ClientSession, gateway: str, done: asyncio.Event) -> float:
@@ -248,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
             broker = EmbeddedKafka(state_dir=workdir / "broker")
             bootstrap = broker.start().bootstrap_servers
         model = tiny_model.build()
-        turns = conversation()
+        turns = conversation(TURNS, OUTPUT)
         prompts, reply = engine_prompts(model, turns)
         engine_port, gateway_port = free_port(), free_port()
         processes.append(scripted_engine_process(engine_port, workdir, model, [REPLY]).start())

@@ -22,12 +22,13 @@ PROCESSES = ("gateway", "engine", "broker", "client")
 """Whose CPU a phase reports (the broker only when this benchmark started it)."""
 
 
-def conversation() -> list[list[dict]]:
-    """The messages each turn sends (each reply being what the scripted engine answers)."""
+def conversation(count: int = TURNS, observation: str = OBSERVATION) -> list[list[dict]]:
+    """The messages each of ``count`` turns sends (each reply being what the scripted engine answers), each turn
+    adding ``observation``, a tool's output."""
     messages: list[dict] = [{"role": "system", "content": "You are a coding agent."}]
     turns = []
-    for turn in range(TURNS):
-        messages = messages + [{"role": "user", "content": f"Turn {turn}.\n{OBSERVATION}"}]
+    for turn in range(count):
+        messages = messages + [{"role": "user", "content": f"Turn {turn}.\n{observation}"}]
         turns.append(messages)
         messages = messages + [{"role": "assistant", "content": REPLY}]
     return turns
