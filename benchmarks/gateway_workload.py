@@ -40,12 +40,14 @@ def engine_prompts(model_dir: Path, turns: list[list[dict]]) -> tuple[list[list[
     from transformers import AutoTokenizer
 
     from trajbus.gateway.conversation import PromptBuilder
+    from trajbus.gateway.token_ids import joined
     from trajbus.infra.scripted_engine import noncanonical_ids
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     builder, reply = PromptBuilder(tokenizer), noncanonical_ids(tokenizer, REPLY) + [tokenizer.eos_token_id]
     prompts, said, context = [], None, None
     for messages in turns:
-        prompts.append(builder.build(messages, None, said, context).ids.tolist())
-        said, context = messages + [{"role": "assistant", "content": REPLY}], prompts[-1] + reply
+        prompt = builder.build(messages, None, said, context).ids
+        prompts.append(prompt.tolist())
+        said, context = messages + [{"role": "assistant", "content": REPLY}], joined(prompt, reply)
     return prompts, reply

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from trajbus.gateway.token_ids import AnyIds, TokenIds, packed
+from trajbus.gateway.token_ids import TokenIds, packed
 
 CUMULATIVE, RENDER = "cumulative", "render"
 MULTI_TURN_MODES = (CUMULATIVE, RENDER)
@@ -106,11 +106,10 @@ class PromptBuilder:
         """The whole conversation's chat template, generation prompt included."""
         return self._encode(self._text(messages, tools, True))
 
-    def continuation(self, context_ids: AnyIds, new_messages: list[dict[str, Any]],
+    def continuation(self, context_ids: TokenIds, new_messages: list[dict[str, Any]],
                      tools: list[dict[str, Any]] | None) -> TokenIds | None:
         """``context_ids`` + the template of ``new_messages`` after an assistant turn; None if the
         template does not separate them (then the caller renders the whole conversation)."""
-        context_ids = packed(context_ids)
         try:
             known = self._closing(tools)
             text = self._text(_STAND_IN + new_messages, tools, True)
@@ -128,7 +127,7 @@ class PromptBuilder:
         return context_ids + tail_ids[_overlap(context_ids, closing_ids):]
 
     def new_messages(self, messages: list[dict[str, Any]], conversation: list[dict[str, Any]] | None,
-                     context_ids: AnyIds | None) -> list[dict[str, Any]] | None:
+                     context_ids: TokenIds | None) -> list[dict[str, Any]] | None:
         """What ``messages`` add to the conversation whose token state is ``context_ids``; None when the call
         does not continue it (or in render mode): then the whole conversation is rendered."""
         if self.mode == CUMULATIVE and context_ids and extends(messages, conversation):
@@ -136,7 +135,7 @@ class PromptBuilder:
         return None
 
     def build(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-              conversation: list[dict[str, Any]] | None, context_ids: AnyIds | None) -> Prompt:
+              conversation: list[dict[str, Any]] | None, context_ids: TokenIds | None) -> Prompt:
         """The prompt of a call whose trajectory last saw ``conversation`` with ``context_ids``.
 
         Raises what the chat template raises for a conversation it cannot render.
@@ -144,11 +143,11 @@ class PromptBuilder:
         return self.build_new(messages, tools, self.new_messages(messages, conversation, context_ids), context_ids)
 
     def build_new(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                  new: list[dict[str, Any]] | None, context_ids: AnyIds | None) -> Prompt:
+                  new: list[dict[str, Any]] | None, context_ids: TokenIds | None) -> Prompt:
         """``build``, given what ``new_messages`` found (a caller that sizes the work first asks once)."""
         if new is not None:
             ids = self.continuation(context_ids, new, tools)
             if ids is not None:
                 return Prompt(ids, False)
         ids = self.render(messages, tools)
-        return Prompt(ids, bool(context_ids) and ids[:len(context_ids)] != packed(context_ids))
+        return Prompt(ids, bool(context_ids) and ids[:len(context_ids)] != context_ids)

@@ -208,7 +208,7 @@ class Generation:
         self._opened = []
         for choice in self._unfinished():
             sampling = {**self.sampling, "n": 1, "max_tokens": self.sampling["max_tokens"] - len(choice.token_ids)}
-            self.backend, stream = await self.pool.stream(joined(self.prompt_ids, choice.token_ids), sampling, self.backend,
-                                                          self.stream_interval)
+            self.backend, stream = await self.pool.stream(joined(self.prompt_ids, choice.token_ids), sampling,
+                                                          self.backend, self.stream_interval)
             self._opened.append((stream, [choice.index]))
         self.metrics.generations.labels("continued").inc()

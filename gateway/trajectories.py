@@ -49,7 +49,6 @@ import logging
 import sqlite3
 import threading
 import time
-from array import array
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -129,8 +128,8 @@ class Trajectory:
 
 
 def _pack(ids: list[int] | TokenIds) -> bytes:
-    """32-bit ids as stored (a token array's own bytes: the same as ``array('i')``'s for ids below 2**31)."""
-    return ids.tobytes() if isinstance(ids, array) else array("i", ids).tobytes()
+    """32-bit ids as stored: a token array's bytes (those ``array('i')`` wrote, for ids below 2**31)."""
+    return packed(ids).tobytes()
 
 
 def _unpack_ids(blob: bytes) -> TokenIds:

@@ -70,9 +70,9 @@ class Context:
 
     @property
     def nbytes(self) -> int:
-        if isinstance(self.tokens, (np.ndarray, array)):
-            return self.tokens.nbytes if isinstance(self.tokens, np.ndarray) else self.tokens.itemsize * len(self.tokens)
-        return 8 * len(self.tokens)
+        if isinstance(self.tokens, np.ndarray):
+            return self.tokens.nbytes
+        return (self.tokens.itemsize if isinstance(self.tokens, array) else 8) * len(self.tokens)
 
 
 def as_tokens(ids: list[int] | np.ndarray) -> np.ndarray:
@@ -138,10 +138,8 @@ class PrefixEncoder:
             return 0
         context = recent[-1].tokens
         head = step.prompt_ids[:len(context)]
-        if len(head) != len(context):
-            return 0
-        same = head == context if type(head) is type(context) else list(head) == list(context)
-        return len(context) if same else 0
+        same = head == context if isinstance(context, array) else list(head) == context  # an array: a memcmp
+        return len(context) if len(head) == len(context) and same else 0
 
     def delta(self, step: Step) -> StepDelta:
         """``step`` as it goes on the wire; it becomes the base the trajectory's next step may extend."""
