@@ -40,7 +40,7 @@ from benchmarks.cpu_meter import CpuMeter
 from benchmarks.gateway_bench import post
 from benchmarks.gateway_workload import REPLY, conversation, engine_prompts
 from benchmarks.targets import Target, print_targets
-from trajbus.gateway.backends import KEEPALIVE_SECONDS, request_body
+from trajbus.gateway.engine.pool import KEEPALIVE_SECONDS, request_body
 from trajbus.gateway.server import raise_open_files_limit
 from trajbus.infra import clients, tiny_model
 from trajbus.infra.kafka_broker import EmbeddedKafka

@@ -52,7 +52,7 @@ from benchmarks.gateway_workload import (FLEET_INSTANCES, FLEET_LEVELS, LEVELS, 
                                          conversation, engine_prompts)
 from benchmarks.library_floor import floor_process
 from benchmarks.targets import print_targets
-from trajbus.gateway.backends import KEEPALIVE_SECONDS, request_body
+from trajbus.gateway.engine.pool import KEEPALIVE_SECONDS, request_body
 from trajbus.infra import tiny_model
 from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.infra.local import free_ports

@@ -39,8 +39,8 @@ def engine_prompts(model_dir: Path, turns: list[list[dict]]) -> tuple[list[list[
     reply's ids."""
     from transformers import AutoTokenizer
 
-    from trajbus.gateway.conversation import PromptBuilder
-    from trajbus.gateway.token_ids import joined
+    from trajbus.gateway.prompts.conversation import PromptBuilder
+    from trajbus.gateway.prompts.token_ids import joined
     from trajbus.infra.scripted_engine import noncanonical_ids
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -29,7 +29,7 @@ from benchmarks.assembly_bench import RESULTS
 from benchmarks.cpu_meter import CpuMeter
 from benchmarks.gateway_bench import calls, open_trajectories, run
 from benchmarks.gateway_workload import REPLY, TURNS, conversation, engine_prompts
-from trajbus.gateway.backends import KEEPALIVE_SECONDS
+from trajbus.gateway.engine.pool import KEEPALIVE_SECONDS
 from trajbus.infra import tiny_model
 from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.pipelines.processes import ServiceProcess, free_port, gateway_process, scripted_engine_process, wait_http

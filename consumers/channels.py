@@ -5,7 +5,7 @@ and return ``None``, as if no group were ready yet. A trainer may start a little
 creates its topics, so the topic gets ``CHANNEL_GRACE`` seconds from the consumer's first fetch to appear;
 past that, a fetch still without it lists the cluster's topics and raises ``UnknownChannel``, naming the
 channels there are and the command that creates the missing one. That is the gateway's rule
-(``gateway.channels``): a channel is created explicitly, by ``trajbus topics --create`` or a worker started
+(``gateway.broker.channels``): a channel is created explicitly, by ``trajbus topics --create`` or a worker started
 for it. Once the topic was there (listed, or partitions of it assigned), nothing more is asked: a
 restarted broker's passing "unknown topic" is no misspelling.
 """

@@ -3,7 +3,7 @@
 Operations (``gateway.routes.operations``), white-box (``...whitebox``),
 black-box (``...blackbox``; Anthropic's Messages API: ``...messages``) and weight-update (``...pause``)
 routes; white-box and admin routes take ``--api-key`` as a bearer token when one is set, a black-box URL is its
-own capability. Responses are encoded by orjson (``gateway.responses``: faster than FastAPI's own).
+own capability. Responses are encoded by orjson (``gateway.http.responses``: faster than FastAPI's own).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from fastapi import FastAPI
 
 from trajbus.gateway.config import GatewaySettings
 from trajbus.gateway.errors import install_error_handlers
-from trajbus.gateway.middleware import BodySizeLimit, CallLimit, Drain, RequestObserver
-from trajbus.gateway.openapi import describe
-from trajbus.gateway.responses import OrjsonResponse
+from trajbus.gateway.http.middleware import BodySizeLimit, CallLimit, Drain, RequestObserver
+from trajbus.gateway.http.openapi import describe
+from trajbus.gateway.http.responses import OrjsonResponse
 from trajbus.gateway.routes.auth import api_key_guard
 from trajbus.gateway.routes.blackbox import blackbox_router
 from trajbus.gateway.routes.messages import messages_router

@@ -15,12 +15,12 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajbus.gateway.admission import SETTINGS as ADMISSION_SETTINGS
-from trajbus.gateway.admission import AdmissionRules
-from trajbus.gateway.channels import REFRESH_SECONDS
-from trajbus.gateway.backends import ENGINE_CONNECTIONS
-from trajbus.gateway.conversation import CUMULATIVE, MULTI_TURN_MODES
-from trajbus.gateway.trajectories import CACHED_TRAJECTORIES
+from trajbus.gateway.admission.rules import SETTINGS as ADMISSION_SETTINGS
+from trajbus.gateway.admission.rules import AdmissionRules
+from trajbus.gateway.broker.channels import REFRESH_SECONDS
+from trajbus.gateway.engine.pool import ENGINE_CONNECTIONS
+from trajbus.gateway.prompts.conversation import CUMULATIVE, MULTI_TURN_MODES
+from trajbus.gateway.state.trajectories import CACHED_TRAJECTORIES
 from trajbus.infra.arguments import non_negative_float, positive_float, positive_int, seconds
 from trajbus.infra.declared import add_flags, missing_flags, resolve, setting
 from trajbus.infra.kafka_config import add_connection_arguments

@@ -25,7 +25,7 @@ from trajbus.gateway.config import EXIT_USAGE, GatewaySettings, add_gateway_argu
 from trajbus.gateway.errors import bad_request
 from trajbus.gateway.fleet import BACKLOG, GatewayFleet
 from trajbus.gateway.service import GatewayService
-from trajbus.gateway.tokenizer import check_tokenizer_path
+from trajbus.gateway.prompts.tokenizer import check_tokenizer_path
 from trajbus.infra import ray_exit
 from trajbus.infra.collector import tune_for_serving
 from trajbus.infra.kafka_config import KafkaConfigError, apply_connection_arguments

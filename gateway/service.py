@@ -18,19 +18,19 @@ import signal
 import time
 from typing import Any, Callable
 
-from trajbus.gateway.backends import BackendPool
+from trajbus.gateway.engine.pool import BackendPool
 from trajbus.gateway.config import EXIT_USAGE, GatewaySettings
 from trajbus.gateway.errors import unavailable
-from trajbus.gateway.kafka_link import KafkaLink
-from trajbus.gateway.lifecycle import TrajectoryLifecycle
+from trajbus.gateway.broker.kafka_link import KafkaLink
+from trajbus.gateway.state.lifecycle import TrajectoryLifecycle
 from trajbus.gateway.metrics import GatewayMetrics
-from trajbus.gateway.pacing import Pacing
+from trajbus.gateway.admission.pacing import Pacing
 from trajbus.gateway.rewards import RewardScorer
-from trajbus.gateway.served_version import ServedVersion
-from trajbus.gateway.sweeper import StateSweeper
-from trajbus.gateway.tokenizer import ChatTokenizer
-from trajbus.gateway.trajectories import TrajectoryStore
-from trajbus.gateway.updates import UpdateGate
+from trajbus.gateway.state.served_version import ServedVersion
+from trajbus.gateway.state.sweeper import StateSweeper
+from trajbus.gateway.prompts.tokenizer import ChatTokenizer
+from trajbus.gateway.state.trajectories import TrajectoryStore
+from trajbus.gateway.engine.updates import UpdateGate
 from trajbus.infra import tracing
 from trajbus.streams.wire.topics import traces_topic
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import httpx
 
-from trajbus.gateway import tool_calls
+from trajbus.gateway.prompts import tool_calls
 from trajbus.infra.retry import RetryLater, retrying_when_told
 from trajbus.pipelines.envs import Feedback, Observation
 

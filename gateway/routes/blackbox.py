@@ -13,8 +13,8 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
 
-from trajbus.gateway.chat import ChatCompletions
-from trajbus.gateway.lifecycle import missing_trajectory
+from trajbus.gateway.chat.completions import ChatCompletions
+from trajbus.gateway.state.lifecycle import missing_trajectory
 from trajbus.gateway.routes.whitebox import PAUSED, WAIT
 from trajbus.gateway.schemas import (ChatCompletionRequest, CompleteTrajectoryRequest, InitTrajectoryRequest,
                                      RegisterTrajectoryRequest)

@@ -4,7 +4,7 @@ Anthropic's SDK appends ``/v1/messages`` to its ``base_url``, so the ``base_url`
 ``/init_trajectory`` hands out serves both SDKs as it is: ``openai.OpenAI(base_url=...)``
 calls ``{base_url}/chat/completions``, ``anthropic.Anthropic(base_url=...)``
 ``{base_url}/v1/messages``. The call is served by the chat completions pipeline
-(``gateway.anthropic_messages``, ``gateway.anthropic_answers``). Its errors are
+(``gateway.anthropic.messages``, ``gateway.anthropic.answers``). Its errors are
 Anthropic's (``{"type": "error", "error": {"type", "message"}}``, the same statuses),
 request validation included: the route's own class answers them, so no other route
 pays for it. Answers the gateway's middleware gives before any route runs (413 for a
@@ -25,12 +25,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trajbus.gateway.anthropic_answers import MessagesCall, error_response
-from trajbus.gateway.anthropic_messages import conversation, engine_request
-from trajbus.gateway.anthropic_schemas import MessagesRequest
-from trajbus.gateway.chat import ChatCompletions
+from trajbus.gateway.anthropic.answers import MessagesCall, error_response
+from trajbus.gateway.anthropic.messages import conversation, engine_request
+from trajbus.gateway.anthropic.schemas import MessagesRequest
+from trajbus.gateway.chat.completions import ChatCompletions
 from trajbus.gateway.errors import GatewayError, from_validation_error
-from trajbus.gateway.lifecycle import missing_trajectory
+from trajbus.gateway.state.lifecycle import missing_trajectory
 from trajbus.gateway.routes.blackbox import BASE
 from trajbus.gateway.routes.whitebox import PAUSED
 from trajbus.gateway.service import GatewayService

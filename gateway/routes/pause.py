@@ -1,4 +1,4 @@
-"""Weight-update routes (``gateway.updates``): ``POST /admin/pause`` holds new engine calls and cuts the
+"""Weight-update routes (``gateway.engine.updates``): ``POST /admin/pause`` holds new engine calls and cuts the
 generations in flight, ``POST /admin/resume`` continues them under the version it names, ``GET
 /admin/pause`` says where an update stands. All take the API key when one is set."""
 

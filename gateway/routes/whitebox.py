@@ -1,5 +1,5 @@
 """White-box routes: ``/generate`` (token ids in, sampled ids and log-probs out, with the versions that
-sampled them when a weight update cut the generation: ``gateway.generation``), ``/submit_steps`` (the
+sampled them when a weight update cut the generation: ``gateway.engine.generation``), ``/submit_steps`` (the
 agent's own steps, acknowledged), ``/compute_reward``. All take the API key when one is set."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from pydantic import ValidationError
 
-from trajbus.gateway.backends import BackendError, NoBackendAvailable
-from trajbus.gateway.chat import backend_failure, check_prompt_length
+from trajbus.gateway.engine.pool import BackendError, NoBackendAvailable
+from trajbus.gateway.chat.completions import backend_failure, check_prompt_length
 from trajbus.gateway.errors import bad_request, from_validation_error
-from trajbus.gateway.generation import Generation
+from trajbus.gateway.engine.generation import Generation
 from trajbus.gateway.schemas import (CHANNEL_PATTERN, GenerateRequest, RewardRequest, SubmitStepsRequest,
                                      step_from_json, submit_steps_schema)
 from trajbus.gateway.service import GatewayService

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from trajbus.consumers import BatchConsumer
-from trajbus.gateway.admission import BACKLOG_FULL, POLICY_TOO_STALE
+from trajbus.gateway.admission.rules import BACKLOG_FULL, POLICY_TOO_STALE
 from trajbus.streams.client.policy import PolicyVersionPublisher
 from tests.helpers import fetch_groups, wait_for
 

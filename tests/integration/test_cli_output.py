@@ -69,7 +69,7 @@ def test_a_reader_that_closes_the_pipe_early_ends_a_command_quietly(bootstrap_se
 
 
 def test_a_gateway_that_stopped_is_neither_live_nor_seen(bootstrap_servers: str, prefix: str):
-    """A gateway's last word on the stats topic is a tombstone (gateway/backlog.py): its snapshot is gone."""
+    """A gateway's last word on the stats topic is a tombstone (gateway/admission/backlog.py): its snapshot is gone."""
     topic = stats_topic(prefix)
     ensure_topics(bootstrap_servers, [TopicSpec(topic, 1)])
     snapshot = {"worker_id": "gateway-a", "updated_at": time.time(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from trajbus.gateway.backends import HEALTH_TIMEOUT
+from trajbus.gateway.engine.pool import HEALTH_TIMEOUT
 from tests.helpers import wait_for
 
 

@@ -15,7 +15,7 @@ import httpx
 import openai
 
 from trajbus.consumers import BatchConsumer
-from trajbus.gateway.admission import BACKLOG_FULL
+from trajbus.gateway.admission.rules import BACKLOG_FULL
 from trajbus.infra.local import free_ports
 from trajbus.pipelines.processes import wait_http
 from tests.helpers import fetch_groups, wait_for

@@ -10,14 +10,14 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from trajbus.gateway.anthropic_answers import _finish, error_body, parse, stop_reason, streamable
-from trajbus.gateway.anthropic_messages import conversation, engine_request
-from trajbus.gateway.anthropic_schemas import MessagesRequest
+from trajbus.gateway.anthropic.answers import _finish, error_body, parse, stop_reason, streamable
+from trajbus.gateway.anthropic.messages import conversation, engine_request
+from trajbus.gateway.anthropic.schemas import MessagesRequest
 from trajbus.gateway.app import create_app
-from trajbus.gateway.backends import Completion
+from trajbus.gateway.engine.pool import Completion
 from trajbus.gateway.config import add_gateway_arguments, settings_from_args
 from trajbus.gateway.errors import GatewayError, unavailable
-from trajbus.gateway.tool_calls import ParsedOutput
+from trajbus.gateway.prompts.tool_calls import ParsedOutput
 
 WEATHER = {"name": "get_weather", "description": "Current weather of a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}

@@ -1,8 +1,8 @@
-"""When a backend is in service (``gateway.backend_health``): each state and what moves it, without I/O."""
+"""When a backend is in service (``gateway.engine.health``): each state and what moves it, without I/O."""
 
 from __future__ import annotations
 
-from trajbus.gateway.backend_health import NEVER, Change, Liveness, Probe
+from trajbus.gateway.engine.health import NEVER, Change, Liveness, Probe
 
 WINDOW = 10.0
 

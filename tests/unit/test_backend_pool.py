@@ -12,8 +12,8 @@ import orjson
 import pytest
 from aiohttp import ClientSession, web
 
-from trajbus.gateway.backend_health import Probe
-from trajbus.gateway.backends import BackendError, BackendPool, NoBackendAvailable
+from trajbus.gateway.engine.health import Probe
+from trajbus.gateway.engine.pool import BackendError, BackendPool, NoBackendAvailable
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 

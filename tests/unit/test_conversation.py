@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from trajbus.gateway.conversation import CUMULATIVE, RENDER, PromptBuilder, extends
-from trajbus.gateway.token_ids import joined
+from trajbus.gateway.prompts.conversation import CUMULATIVE, RENDER, PromptBuilder, extends
+from trajbus.gateway.prompts.token_ids import joined
 from trajbus.infra import tiny_model
 from trajbus.infra.scripted_engine import noncanonical_ids
 

@@ -1,4 +1,4 @@
-"""What counts as a whole engine answer (``gateway.backends.whole_answer``), without any HTTP request.
+"""What counts as a whole engine answer (``gateway.engine.pool.whole_answer``), without any HTTP request.
 
 A non-streamed completion is the answer only with ids and log-probs for every choice asked for;
 anything else is the engine's fault (502), never an empty or partial reply answered 200.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from trajbus.gateway.backends import Backend, BackendError, whole_answer
+from trajbus.gateway.engine.pool import Backend, BackendError, whole_answer
 
 
 def choice(index: int, ids: list[int], finish_reason: str | None = "stop") -> dict:

@@ -1,4 +1,4 @@
-"""An engine's streamed answer read a batch at a time (``gateway.engine_answers``) is the answer read one event
+"""An engine's streamed answer read a batch at a time (``gateway.engine.answers``) is the answer read one event
 at a time, however its bytes arrive, and a cut keeps exactly its complete events; without any HTTP request.
 
 The batch reader (``StreamDecoder`` splits what arrived into events, ``merge_chunks`` merges each batch's
@@ -28,7 +28,7 @@ from typing import Iterator
 import orjson
 import pytest
 
-from trajbus.gateway.engine_answers import BackendError, Completion, EngineStream
+from trajbus.gateway.engine.answers import BackendError, Completion, EngineStream
 from trajbus.infra.inference_server import _chunk, _sse
 
 ADDRESS = "http://engine:8000"

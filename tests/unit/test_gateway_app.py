@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from trajbus.gateway.app import create_app
 from trajbus.gateway.config import add_gateway_arguments, settings_from_args
-from trajbus.gateway.responses import OrjsonResponse
+from trajbus.gateway.http.responses import OrjsonResponse
 
 
 def app_at(state_dir: Path) -> FastAPI:

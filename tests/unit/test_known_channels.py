@@ -1,4 +1,4 @@
-"""The channels a gateway takes (``gateway.channels``): those whose steps topic exists, or those declared;
+"""The channels a gateway takes (``gateway.broker.channels``): those whose steps topic exists, or those declared;
 the broker is asked again only on a miss, at most once per interval."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from trajbus.gateway.channels import KnownChannels
+from trajbus.gateway.broker.channels import KnownChannels
 from trajbus.gateway.errors import GatewayError
 
 

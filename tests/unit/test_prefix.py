@@ -173,7 +173,7 @@ def test_a_turn_that_extends_the_last_context_sent_is_validated_from_its_new_tok
 
 
 def packed_prompt(step: Step) -> Step:
-    """The step as the gateway builds it: its prompt a token array (``gateway.token_ids``)."""
+    """The step as the gateway builds it: its prompt a token array (``gateway.prompts.token_ids``)."""
     return dataclasses.replace(step, prompt_ids=array("I", step.prompt_ids))
 
 

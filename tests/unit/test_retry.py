@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from trajbus.gateway import kafka_link
+from trajbus.gateway.broker import kafka_link
 from trajbus.gateway.config import GatewaySettings
 from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.infra.retry import RetryLater, Stopped, retrying, retrying_when_told

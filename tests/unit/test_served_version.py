@@ -1,4 +1,4 @@
-"""The policy version the engines serve has one owner (gateway.served_version): the newer of the policy
+"""The policy version the engines serve has one owner (gateway.state.served_version): the newer of the policy
 topic's and the last resume's, which stamps steps, bounds admission's staleness and answers a pause."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from trajbus.gateway.errors import GatewayError
-from trajbus.gateway.served_version import ServedVersion
+from trajbus.gateway.state.served_version import ServedVersion
 from tests.unit.test_update_gate import Published
 
 

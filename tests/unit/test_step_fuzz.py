@@ -192,7 +192,7 @@ def test_a_created_at_past_the_record_timestamp_is_refused_as_the_gateway_refuse
                                           ("metadata", {"k": ["x", {"y": "a\udc80"}]}),
                                           ("trajectory_uid", "t\ud800"), ("prompt_uid", "\udfff")])
 def test_a_lone_surrogate_is_refused_as_the_gateway_refuses_it(field, value):
-    from trajbus.gateway.lifecycle import checked_metadata
+    from trajbus.gateway.state.lifecycle import checked_metadata
 
     fields = {**dict(prompt_ids=[1], response_ids=[2], trajectory_uid="t", prompt_uid="p"), field: value}
     with pytest.raises(ValueError, match=f"^{field}: .*lone surrogate") as api:

@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from trajbus.gateway.backends import request_body
+from trajbus.gateway.engine.pool import request_body
 from trajbus.infra import tiny_model
 from trajbus.infra.inference_server import create_app
 from trajbus.infra.scripted_engine import ScriptedEngine

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trajbus.gateway.tool_calls import parse, safe_prefix
+from trajbus.gateway.prompts.tool_calls import parse, safe_prefix
 
 
 def block(name, arguments):

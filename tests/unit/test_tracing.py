@@ -14,7 +14,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from trajbus.consumers.fetch_traces import FetchTraces
-from trajbus.gateway.call_spans import call_spans
+from trajbus.gateway.chat.call_spans import call_spans
 from trajbus.infra import tracing
 from trajbus.streams.client.delivery import Poller
 from trajbus.streams.client.sender import RecordSender

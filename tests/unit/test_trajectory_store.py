@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from trajbus.gateway.trajectories import ABANDONED, COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
+from trajbus.gateway.state.trajectories import ABANDONED, COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
 
 
 @pytest.fixture

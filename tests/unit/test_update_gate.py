@@ -8,8 +8,8 @@ import pytest
 
 from trajbus.gateway.errors import GatewayError
 from trajbus.gateway.metrics import GatewayMetrics
-from trajbus.gateway.served_version import ServedVersion
-from trajbus.gateway.updates import UpdateGate
+from trajbus.gateway.state.served_version import ServedVersion
+from trajbus.gateway.engine.updates import UpdateGate
 
 
 class Reader:

@@ -16,11 +16,11 @@ import threading
 import time
 from typing import Any, Callable
 
-from trajbus.gateway.channels import KnownChannels
+from trajbus.gateway.broker.channels import KnownChannels
 from trajbus.gateway.config import GatewaySettings
 from trajbus.gateway.errors import GatewayError, from_value_error, unavailable
 from trajbus.gateway.metrics import GatewayMetrics
-from trajbus.gateway.token_ids import TOKEN_BYTES
+from trajbus.gateway.prompts.token_ids import TOKEN_BYTES
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.clients import authentication_failure, cluster_metadata, explain
 from trajbus.infra.kafka_config import connection_properties, redacted

@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Protocol
 import aiohttp
 import orjson
 
-from trajbus.gateway.backend_health import Liveness
+from trajbus.gateway.engine.health import Liveness
 
 TOKEN_ID_PREFIX = "token_id:"
 DONE = b"[DONE]"

@@ -1,6 +1,6 @@
 """The gateway's tokenizer, loaded in the background so the HTTP server answers at once.
 
-Prompts are built here, never by the engine (see ``gateway.conversation``):
+Prompts are built here, never by the engine (see ``gateway.prompts.conversation``):
 ``prompt_ids`` of a Step are exactly what the engine receives, so the trainer
 sees the tokens that were sampled from.
 
@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from trajbus.gateway.conversation import CUMULATIVE, PromptBuilder
+from trajbus.gateway.prompts.conversation import CUMULATIVE, PromptBuilder
 from trajbus.infra.tokenizer_loading import load_tokenizer
 
 log = logging.getLogger("trajbus.gateway")

@@ -2,7 +2,7 @@
 
 The gateway streams from the engine even for a client that asked for one JSON
 answer: what a generation has sampled so far (ids, log-probs, text) is then the
-gateway's, so a cut (``gateway.updates``) loses nothing. After the resume, each
+gateway's, so a cut (``gateway.engine.updates``) loses nothing. After the resume, each
 unfinished choice continues as an engine call of its own from prompt + partial
 response, with ``max_tokens`` less what it sampled, under the new version; its
 ``Segments`` record which version sampled which tokens. A choice whose partial
@@ -19,11 +19,11 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from trajbus.gateway.backends import BackendPool
-from trajbus.gateway.engine_answers import Completion, EngineStream
+from trajbus.gateway.engine.pool import BackendPool
+from trajbus.gateway.engine.answers import Completion, EngineStream
 from trajbus.gateway.metrics import GatewayMetrics
-from trajbus.gateway.token_ids import AnyIds, joined
-from trajbus.gateway.updates import UpdateGate
+from trajbus.gateway.prompts.token_ids import AnyIds, joined
+from trajbus.gateway.engine.updates import UpdateGate
 from trajbus.streams.wire.versions import Segments
 
 _END = object()
@@ -89,7 +89,7 @@ class Generation:
         self._opened = [(stream, list(range(len(self.choices))))]
 
     def cut(self) -> list[asyncio.Task] | None:
-        """``gateway.updates``: stop reading (the engine stops at its next token); the readers to await
+        """``gateway.engine.updates``: stop reading (the engine stops at its next token); the readers to await
         (none while it connects), or None when it was cut already and waits for the resume."""
         if self._cut:
             return None

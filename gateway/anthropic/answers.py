@@ -1,6 +1,6 @@
 """A chat completions call answered in Anthropic's shape: one message, or its server-sent events.
 
-The call is ``gateway.chat``'s (the same prompt, engine call, token-exact step published
+The call is ``gateway.chat.completions``'s (the same prompt, engine call, token-exact step published
 and acknowledged before the answer ends); only the answer differs. A message's
 ``content`` is a text block (what the model wrote before its first tool call, trailing
 white space dropped, or all of it) and a ``tool_use`` block per tool call, whose
@@ -31,11 +31,11 @@ from typing import Any, AsyncIterator, Callable, Collection
 
 from starlette.responses import JSONResponse
 
-from trajbus.gateway import tool_calls
-from trajbus.gateway.backends import BackendError, Completion, NoBackendAvailable
-from trajbus.gateway.chat import ChatCall, backend_failure
+from trajbus.gateway.prompts import tool_calls
+from trajbus.gateway.engine.pool import BackendError, Completion, NoBackendAvailable
+from trajbus.gateway.chat.completions import ChatCall, backend_failure
 from trajbus.gateway.errors import GatewayError
-from trajbus.gateway.responses import OrjsonResponse, sse_event
+from trajbus.gateway.http.responses import OrjsonResponse, sse_event
 
 log = logging.getLogger("trajbus.gateway")
 

@@ -1,4 +1,4 @@
-"""Pacing of new trajectories: ``gateway.admission``'s rules fed by ``gateway.backlog``'s signals.
+"""Pacing of new trajectories: ``gateway.admission.rules``'s rules fed by ``gateway.admission.backlog``'s signals.
 
 Every gateway instance reads the same backlog from Kafka and announces its own
 in-flight groups there under its instance id, so a fleet of gateways shares one
@@ -12,8 +12,8 @@ import asyncio
 import dataclasses
 from typing import Any, Callable
 
-from trajbus.gateway.admission import Admission
-from trajbus.gateway.backlog import BacklogMonitor
+from trajbus.gateway.admission.rules import Admission
+from trajbus.gateway.admission.backlog import BacklogMonitor
 from trajbus.gateway.config import GatewaySettings
 from trajbus.gateway.errors import bad_request
 from trajbus.gateway.metrics import GatewayMetrics
@@ -65,7 +65,7 @@ class Pacing:
 
     async def admit(self, trajectory_uid: str, channel: str, prompt_uid: str, declared_version: int | None,
                     wait: float) -> None:
-        """Admit a new trajectory or answer 429 (see ``gateway.admission``); no-op when pacing is off."""
+        """Admit a new trajectory or answer 429 (see ``gateway.admission.rules``); no-op when pacing is off."""
         if not self.active:
             return
         if wait > self.settings.max_admission_wait:

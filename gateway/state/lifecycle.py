@@ -1,6 +1,6 @@
 """A trajectory's life: initialized (admitted), registered, called, completed.
 
-The state lives in ``gateway.trajectories`` (SQLite under ``--state-dir``), so a
+The state lives in ``gateway.state.trajectories`` (SQLite under ``--state-dir``), so a
 restarted instance continues its trajectories; this part holds the rules: who
 may call, what a call and a completion publish, and that one trajectory's calls
 publish one at a time. A white-box trajectory (``/generate``, ``/submit_steps``)
@@ -16,15 +16,15 @@ import secrets
 import weakref
 from typing import Any, Protocol, Sequence
 
-from trajbus.gateway.conversation import Prompt
+from trajbus.gateway.prompts.conversation import Prompt
 from trajbus.gateway.errors import GatewayError, bad_request, conflict, from_value_error, not_found
-from trajbus.gateway.kafka_link import END_NOT_ACKNOWLEDGED, KafkaLink, kafka_failure
+from trajbus.gateway.broker.kafka_link import END_NOT_ACKNOWLEDGED, KafkaLink, kafka_failure
 from trajbus.gateway.metrics import GatewayMetrics
-from trajbus.gateway.pacing import Pacing
+from trajbus.gateway.admission.pacing import Pacing
 from trajbus.gateway.rewards import RewardScorer
-from trajbus.gateway.served_version import ServedVersion
-from trajbus.gateway.token_ids import joined
-from trajbus.gateway.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
+from trajbus.gateway.state.served_version import ServedVersion
+from trajbus.gateway.prompts.token_ids import joined
+from trajbus.gateway.state.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
 from trajbus.streams.client.producer import DeliveryError, TopicsUnavailable
 from trajbus.streams.wire.records import CONTINUES, SEGMENT_START, Step, validate_metadata
 from trajbus.streams.wire.versions import Segments
@@ -74,7 +74,7 @@ def reward_input(trajectory: Trajectory) -> dict[str, Any]:
 
 
 class SampledChoice(Protocol):
-    """One choice of an engine call, as publication reads it (``gateway.generation.Sampled``)."""
+    """One choice of an engine call, as publication reads it (``gateway.engine.generation.Sampled``)."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -103,7 +103,7 @@ class TrajectoryLifecycle:
 
     async def channel(self, channel: str | None) -> str:
         """The channel a call names (None: the default), if a worker can serve it; else 400 (see
-        ``gateway.channels``)."""
+        ``gateway.broker.channels``)."""
         return await self.kafka.channels.check(channel)
 
     def publishing(self, trajectory_uid: str) -> asyncio.Lock:

@@ -57,7 +57,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from cachetools import LRUCache
 
-from trajbus.gateway.token_ids import TokenIds, packed
+from trajbus.gateway.prompts.token_ids import TokenIds, packed
 
 T = TypeVar("T")
 log = logging.getLogger("trajbus.gateway")
@@ -120,7 +120,7 @@ class Trajectory:
     created_at: float = field(default_factory=time.time)
     context_ids: TokenIds | None = None
     """Prompt + sampled response of step ``context_step``: what the next call continues (a token array:
-    4 bytes a token, ``gateway.token_ids``)."""
+    4 bytes a token, ``gateway.prompts.token_ids``)."""
     context_step: int | None = None
     acknowledged: list[int] | None = field(default_factory=list)
     """Indices of the steps the broker acknowledged: what the trajectory consists of. None: unknown (steps

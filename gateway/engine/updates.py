@@ -8,7 +8,7 @@ closed, so the engine stops at its next token) and keeps what it sampled; a
 cut adds nothing to the engine's load while the weights change. The trainer
 loads the weights, publishes the version and resumes (``POST /admin/resume``
 with the version): each cut generation continues from prompt + partial
-response under the new weights (``gateway.generation``), and its step says
+response under the new weights (``gateway.engine.generation``), and its step says
 which version sampled which tokens (``streams.wire.versions``).
 
 ``drain`` pauses instead by holding new calls until the generations in flight
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from trajbus.gateway.errors import GatewayError, unavailable
 from trajbus.gateway.metrics import GatewayMetrics
-from trajbus.gateway.served_version import ServedVersion
+from trajbus.gateway.state.served_version import ServedVersion
 
 RETRY_SECONDS = 1
 """What a call refused during a pause is told to wait: updates usually take seconds."""

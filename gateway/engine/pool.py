@@ -36,9 +36,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from trajbus.gateway.backend_health import ALIVE_WINDOW, Change, Liveness, Probe
-from trajbus.gateway.engine_answers import BackendError, Completion, EngineStream, whole_answer
-from trajbus.gateway.token_ids import AnyIds, as_json
+from trajbus.gateway.engine.health import ALIVE_WINDOW, Change, Liveness, Probe
+from trajbus.gateway.engine.answers import BackendError, Completion, EngineStream, whole_answer
+from trajbus.gateway.prompts.token_ids import AnyIds, as_json
 
 log = logging.getLogger("trajbus.gateway")
 

@@ -1,6 +1,6 @@
 """Black-box chat completions: OpenAI's API in front, one token-exact Step per call behind.
 
-For every call the gateway builds the prompt ids (``gateway.conversation``: the
+For every call the gateway builds the prompt ids (``gateway.prompts.conversation``: the
 conversation's sampled tokens continued by the new messages, or the whole
 conversation rendered when it does not extend), sends those ids to the engine,
 and publishes the ids the engine sampled (``response_ids``, EOS included) with
@@ -11,18 +11,18 @@ broker before the reply completes (before ``finish_reason`` when streaming).
 
 The trajectory's lifecycle publishes the steps (``TrajectoryLifecycle.publish_call``):
 indices are taken when the engine has answered, under the trajectory's publish
-lock, and only acknowledged steps count as the trajectory's (``gateway.trajectories``):
+lock, and only acknowledged steps count as the trajectory's (``gateway.state.trajectories``):
 a call that fails, before or after the engine, never leaves an index for the worker
 to wait on or for a retry to reuse.
 
-The engine call is a ``gateway.generation``: streamed from the engine, cut by a
+The engine call is a ``gateway.engine.generation``: streamed from the engine, cut by a
 weight update and continued after it, so the agent gets one reply and the step
 its tokens with the versions that sampled them (``policy_version`` is the
 version the call began with). During a pause a new call is held up to
-``?wait=SECONDS``, else answered 429 (``gateway.updates``).
+``?wait=SECONDS``, else answered 429 (``gateway.engine.updates``).
 
 With tracing on (``--tracing``), the call, its engine request and its publish are spans
-(``gateway.call_spans``), the call's a child of the agent's ``traceparent`` when it sent one.
+(``gateway.chat.call_spans``), the call's a child of the agent's ``traceparent`` when it sent one.
 """
 
 from __future__ import annotations
@@ -36,16 +36,16 @@ import uuid
 from typing import Any, AsyncIterator
 
 
-from trajbus.gateway import tool_calls
-from trajbus.gateway.backends import BackendError, Completion, NoBackendAvailable
-from trajbus.gateway.call_spans import CallSpans, call_spans
-from trajbus.gateway.conversation import Prompt
+from trajbus.gateway.prompts import tool_calls
+from trajbus.gateway.engine.pool import BackendError, Completion, NoBackendAvailable
+from trajbus.gateway.chat.call_spans import CallSpans, call_spans
+from trajbus.gateway.prompts.conversation import Prompt
 from trajbus.gateway.errors import RETRY_SECONDS, GatewayError, bad_request, unavailable
-from trajbus.gateway.generation import Generation, Sampled
-from trajbus.gateway.responses import SSE_DONE, EventSourceResponse, OrjsonResponse, sse_event
+from trajbus.gateway.engine.generation import Generation, Sampled
+from trajbus.gateway.http.responses import SSE_DONE, EventSourceResponse, OrjsonResponse, sse_event
 from trajbus.gateway.schemas import ChatCompletionRequest
 from trajbus.gateway.service import GatewayService
-from trajbus.gateway.trajectories import Trajectory
+from trajbus.gateway.state.trajectories import Trajectory
 from trajbus.infra import tracing
 from trajbus.streams.wire.records import SEGMENT_START
 
@@ -96,7 +96,7 @@ class ChatCompletions:
                       wait: float = 0.0, kind: type[ChatCall] | None = None,
                       traceparent: str | None = None) -> ChatCall:
         """The call of ``messages`` (the chat template's form), prompt built and engine call set up, not started;
-        ``kind``: the ``ChatCall`` that answers it (another API's answer shape: ``gateway.anthropic_answers``);
+        ``kind``: the ``ChatCall`` that answers it (another API's answer shape: ``gateway.anthropic.answers``);
         ``traceparent``: the agent's W3C trace context header, whose trace the call joins (tracing on)."""
         started_ns = time.time_ns()
         self.require("tokenizer", "kafka", "backend")
@@ -137,7 +137,7 @@ class ChatCall:
         self.model = request.model or parts.settings.served_model_name
         self.started = time.monotonic()
         self.spans: CallSpans | None = None
-        """The call's spans when tracing is on (``gateway.call_spans``)."""
+        """The call's spans when tracing is on (``gateway.chat.call_spans``)."""
 
     def _parse(self, completion: Completion) -> tool_calls.ParsedOutput:
         if self.request.tools:

@@ -1,4 +1,4 @@
-"""The spans of one agent call (``gateway.chat``), made only when tracing is on (``infra.tracing``).
+"""The spans of one agent call (``gateway.chat.completions``), made only when tracing is on (``infra.tracing``).
 
 ``trajbus.call`` is the agent's HTTP call: a child of the agent's own span when it sent ``traceparent``
 (it joins the agent's trace), else of the trajectory's root, which the trajectory's first call exports.

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from trajbus.gateway.token_ids import TokenIds, packed
+from trajbus.gateway.prompts.token_ids import TokenIds, packed
 
 CUMULATIVE, RENDER = "cumulative", "render"
 MULTI_TURN_MODES = (CUMULATIVE, RENDER)

@@ -10,7 +10,7 @@ import time
 
 from trajbus.gateway.config import GatewaySettings
 from trajbus.gateway.metrics import GatewayMetrics
-from trajbus.gateway.trajectories import ABANDONED, COMPLETED, COMPLETING, OPEN, TrajectoryStore
+from trajbus.gateway.state.trajectories import ABANDONED, COMPLETED, COMPLETING, OPEN, TrajectoryStore
 
 log = logging.getLogger("trajbus.gateway")
 

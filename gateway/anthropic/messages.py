@@ -11,13 +11,13 @@ text blocks a ``user`` message between them (text blocks are joined as they are,
 chat completions join text parts; consecutive messages of one role stay turns of their
 own). Tools become ``function`` tools (``input_schema`` as ``parameters``, in OpenAI's
 order of keys: a template may write a tool's JSON as it is). The call then goes through
-the chat completions pipeline (``gateway.chat``): the same prompt building, cumulative
+the chat completions pipeline (``gateway.chat.completions``): the same prompt building, cumulative
 token capture and publication; only the answer's shape differs
-(``gateway.anthropic_answers``).
+(``gateway.anthropic.answers``).
 
 One trajectory may mix the two APIs, call by call. It is well defined because the
 trajectory's state is the conversation in this one form and its token ids
-(``gateway.conversation``): whichever API a call comes through, its messages are
+(``gateway.prompts.conversation``): whichever API a call comes through, its messages are
 compared with the conversation the trajectory holds (roles, content, tool names and
 arguments as JSON, ``tool_call_id``) and rendered by the same chat template, so a call
 that continues the conversation extends the previous prompt + response, and one that
@@ -26,7 +26,7 @@ in form (``call_...``, ``toolu_...``) but are not part of that comparison, and a
 ``tool_result`` names the id the agent was given, whichever API gave it.
 
 What the chat template cannot hold is refused with a 400 naming it: images and documents
-(by the request schema, ``gateway.anthropic_schemas``) and a last message from the
+(by the request schema, ``gateway.anthropic.schemas``) and a last message from the
 assistant (Anthropic's prefill asks the model to continue that message; the template
 would open a new turn instead, so the captured tokens would not be what was asked).
 """
@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trajbus.gateway.anthropic_schemas import (AssistantMessage, MessagesRequest, TextBlock, Tool, ToolResultBlock,
+from trajbus.gateway.anthropic.schemas import (AssistantMessage, MessagesRequest, TextBlock, Tool, ToolResultBlock,
                                                ToolUseBlock, UserMessage)
 from trajbus.gateway.errors import bad_request, from_validation_error
 from trajbus.gateway.schemas import ChatCompletionRequest
