@@ -15,8 +15,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajbus.gateway.admission.rules import SETTINGS as ADMISSION_SETTINGS
 from trajbus.gateway.admission.rules import AdmissionRules
+from trajbus.gateway.admission.rules import SETTINGS as ADMISSION_SETTINGS
 from trajbus.gateway.broker.channels import REFRESH_SECONDS
 from trajbus.gateway.engine.pool import ENGINE_CONNECTIONS
 from trajbus.gateway.prompts.conversation import CUMULATIVE, MULTI_TURN_MODES
@@ -25,7 +25,7 @@ from trajbus.infra.arguments import non_negative_float, positive_float, positive
 from trajbus.infra.declared import add_flags, missing_flags, resolve, setting
 from trajbus.infra.kafka_config import add_connection_arguments
 from trajbus.infra.paths import trajbus_cache_dir
-from trajbus.infra.shared_settings import outage_limit_setting, tracing_setting
+from trajbus.infra.shared_settings import outage_limit_setting, prefix_setting, tracing_setting
 from trajbus.streams.wire.topics import DEFAULT_PREFIX, channel_setting, validate_channel
 
 DEFAULT_PORT = 8100
@@ -93,7 +93,7 @@ class GatewaySettings:
                                    help="most tokens one call may generate (the default max_tokens)")
     bootstrap_servers: str | None = None
     """From the connection flags (``--bootstrap-servers``), shared by every command."""
-    prefix: str = setting(DEFAULT_PREFIX, help="topic name prefix")
+    prefix: str = prefix_setting(DEFAULT_PREFIX)
     default_channel: str = setting("train", flag="--channel", parse=_channel,
                                    help="channel of trajectories that name none")
     channels: tuple[str, ...] | None = setting(

@@ -6,7 +6,9 @@ missing. Each part has one concern: ``KafkaLink`` (records), ``ServedVersion`` (
 policy version the engines serve),
 ``Pacing`` (admission of new trajectories), ``TrajectoryLifecycle`` (the rules of
 a trajectory's life), ``StateSweeper`` (bounded state), ``BackendPool`` (engines),
-``UpdateGate`` (weight updates: pause, cut, resume).
+``UpdateGate`` (weight updates: pause, cut, resume), ``EngineCalls`` (every engine call, over the pool and
+the gate), ``ChatCompletions`` (chat completions and Anthropic's messages). No part imports this module: each
+is handed the parts it uses.
 """
 
 from __future__ import annotations
@@ -18,19 +20,21 @@ import signal
 import time
 from typing import Any, Callable
 
-from trajbus.gateway.engine.pool import BackendPool
-from trajbus.gateway.config import EXIT_USAGE, GatewaySettings
-from trajbus.gateway.errors import unavailable
-from trajbus.gateway.broker.kafka_link import KafkaLink
-from trajbus.gateway.state.lifecycle import TrajectoryLifecycle
-from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.gateway.admission.pacing import Pacing
+from trajbus.gateway.broker.kafka_link import KafkaLink
+from trajbus.gateway.chat.completions import ChatCompletions
+from trajbus.gateway.config import EXIT_USAGE, GatewaySettings
+from trajbus.gateway.engine.calls import EngineCalls
+from trajbus.gateway.engine.pool import BackendPool
+from trajbus.gateway.engine.updates import UpdateGate
+from trajbus.gateway.errors import unavailable
+from trajbus.gateway.metrics import GatewayMetrics
+from trajbus.gateway.prompts.tokenizer import ChatTokenizer
 from trajbus.gateway.rewards import RewardScorer
+from trajbus.gateway.state.lifecycle import TrajectoryLifecycle
 from trajbus.gateway.state.served_version import ServedVersion
 from trajbus.gateway.state.sweeper import StateSweeper
-from trajbus.gateway.prompts.tokenizer import ChatTokenizer
 from trajbus.gateway.state.trajectories import TrajectoryStore
-from trajbus.gateway.engine.updates import UpdateGate
 from trajbus.infra import tracing
 from trajbus.streams.wire.topics import traces_topic
 
@@ -61,6 +65,10 @@ class GatewayService:
         self.lifecycle = TrajectoryLifecycle(settings.default_channel, self.store, self.kafka, self.pacing,
                                              self.rewards, self.metrics, self.served)
         self.sweeper = StateSweeper(settings, self.store, self.metrics)
+        self.engine = EngineCalls(settings, self.backends, self.updates, self.metrics,
+                                  stop_ids=lambda: self.tokenizer.stop_ids)
+        self.chat = ChatCompletions(settings, self.require, self.tokenizer, self.engine, self.kafka, self.lifecycle,
+                                    self.metrics)
         self.stop_serving: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM)
         """Ends the HTTP server gracefully (``gateway.server`` sets it to uvicorn's own exit flag)."""
         self.fatal: str | None = None

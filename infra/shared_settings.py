@@ -22,6 +22,12 @@ def outage_limit_setting(component: str, meanwhile: str = "") -> Any:
                         "supervisor")
 
 
+def prefix_setting(default: str) -> Any:
+    """``--prefix``: the first part of every topic's name (``{prefix}.steps.{channel}``); each component and
+    command of one deployment is given the same one. ``default``: ``streams.wire.topics.DEFAULT_PREFIX``."""
+    return setting(default, help="topic name prefix")
+
+
 def _tracing_modes(text: str) -> str:
     try:
         return parse_modes(text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from confluent_kafka import KafkaException
@@ -19,24 +20,26 @@ from trajbus.infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
 from trajbus.infra.clients import authentication_failure, explain
 from trajbus.infra.declared import add_flag, add_flags, resolve, setting_value
 from trajbus.infra.first_contact import CONNECT_TIMEOUT, first_contact
+from trajbus.infra.group_lag import consumer_groups_lag
 from trajbus.infra.kafka_broker import BrokerError
 from trajbus.infra.kafka_config import KafkaConfigError, add_connection_arguments, apply_connection_arguments
 from trajbus.infra.logs import configure_logging
 from trajbus.infra.outage import KafkaUnreachable
+from trajbus.infra.shared_settings import prefix_setting
 from trajbus.infra.terminal import quiet_on_broken_pipe
-from trajbus.pipelines import topics_table
-from trajbus.pipelines.tables import print_table
-from trajbus.pipelines.broker_command import BrokerUsageError, add_broker_parser
-from trajbus.pipelines.reading_commands import UsageError, add_reading_parsers
-from trajbus.pipelines.audit_command import add_audit_parser
-from trajbus.pipelines.ready_command import add_ready_parser
-from trajbus.pipelines.export_command import add_export_parser
-from trajbus.infra.group_lag import consumer_groups_lag
 from trajbus.infra.topics import ReplicationError, describe_topics, ensure_topics
-from trajbus.streams.worker.settings import ENV_PREFIX as WORKER_ENV
+from trajbus.pipelines import topics_table
+from trajbus.pipelines.audit_command import add_audit_parser
+from trajbus.pipelines.broker_command import BrokerUsageError, add_broker_parser
+from trajbus.pipelines.export_command import add_export_parser
+from trajbus.pipelines.reading_commands import UsageError, add_reading_parsers
+from trajbus.pipelines.ready_command import add_ready_parser
+from trajbus.pipelines.tables import print_table
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.wire.topics import (DEFAULT_CHANNELS, DEFAULT_PREFIX, channel_setting, chunks_topic, groups_topic,
+                                         steps_topic, validate_channel)
 from trajbus.streams.worker.settings import ChannelSettings, WorkerSettings
-from trajbus.streams.wire.topics import (DEFAULT_CHANNELS, TopicSettings, channel_setting, chunks_topic,
-                                    groups_topic, steps_topic, validate_channel)
+from trajbus.streams.worker.settings import ENV_PREFIX as WORKER_ENV
 
 EXIT_USAGE = 2
 
@@ -136,7 +139,8 @@ WIDE_ONLY_STATS = {"pending_trajectories", "duplicate_events", "late_events"}
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from trajbus.streams.worker.stats import held_partitions, is_live, read_snapshots, summarize
+    from trajbus.streams.wire.stats import held_partitions, is_live, summarize
+    from trajbus.streams.client.snapshots import read_snapshots
 
     servers = resolve_bootstrap_servers(args.bootstrap_servers)
     first_contact(servers, args.connect_timeout)
@@ -215,11 +219,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # -- parser ---------------------------------------------------------------------
 
-def _add_prefix(parser: argparse.ArgumentParser) -> None:
-    """``--prefix``, declared once (``GatewaySettings.prefix``): every command names the same topics."""
-    from trajbus.gateway.config import GatewaySettings
+@dataclass(frozen=True)
+class _Topics:
+    """What every topic command shares: ``--prefix`` (``infra.shared_settings``), so they name the same topics."""
 
-    add_flag(parser, GatewaySettings, "prefix")
+    prefix: str = prefix_setting(DEFAULT_PREFIX)
+
+
+def _add_prefix(parser: argparse.ArgumentParser) -> None:
+    add_flag(parser, _Topics, "prefix")
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:

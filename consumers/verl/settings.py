@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from trajbus.infra.arguments import positive_int
 from trajbus.infra.declared import resolve, setting
+from trajbus.infra.shared_settings import prefix_setting
 from trajbus.streams.wire.topics import DEFAULT_PREFIX, validate_channel, validate_prefix
 
 ENV_PREFIX = "TRAJBUS_VERL_"
@@ -33,7 +34,7 @@ class VerlQueueSettings:
         "(also the ready groups of trajbus's gateway and worker)"))
     topic: str | None = setting(None, help=(
         "the samples topic (default: {prefix}.verl.{project_name}.{experiment_name} of verl's trainer config)"))
-    prefix: str = setting(DEFAULT_PREFIX, help="trajbus's topic prefix")
+    prefix: str = prefix_setting(DEFAULT_PREFIX)
     channel: str = setting("train", help="groups mode: the channel whose ready groups are served")
     row_mode: str = setting("trajectory", choices=("trajectory", "step"), help=(
         "groups mode: one row per trajectory (multi-turn in one row) or per LLM call"))

@@ -31,11 +31,12 @@ from typing import Any, AsyncIterator, Callable, Collection
 
 from starlette.responses import JSONResponse
 
-from trajbus.gateway.prompts import tool_calls
+from trajbus.gateway.chat.completions import ChatCall
+from trajbus.gateway.engine.calls import backend_failure
 from trajbus.gateway.engine.pool import BackendError, Completion, NoBackendAvailable
-from trajbus.gateway.chat.completions import ChatCall, backend_failure
 from trajbus.gateway.errors import GatewayError
 from trajbus.gateway.http.responses import OrjsonResponse, sse_event
+from trajbus.gateway.prompts import tool_calls
 
 log = logging.getLogger("trajbus.gateway")
 

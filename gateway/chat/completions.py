@@ -15,7 +15,8 @@ lock, and only acknowledged steps count as the trajectory's (``gateway.state.tra
 a call that fails, before or after the engine, never leaves an index for the worker
 to wait on or for a retry to reuse.
 
-The engine call is a ``gateway.engine.generation``: streamed from the engine, cut by a
+The engine call is made by ``gateway.engine.calls`` (the one part every route's engine call
+goes through), as a ``gateway.engine.generation``: streamed from the engine, cut by a
 weight update and continued after it, so the agent gets one reply and the step
 its tokens with the versions that sampled them (``policy_version`` is the
 version the call began with). During a pause a new call is held up to
@@ -33,18 +34,22 @@ import functools
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
-
-from trajbus.gateway.prompts import tool_calls
-from trajbus.gateway.engine.pool import BackendError, Completion, NoBackendAvailable
+from trajbus.gateway.broker.kafka_link import KafkaLink
 from trajbus.gateway.chat.call_spans import CallSpans, call_spans
-from trajbus.gateway.prompts.conversation import Prompt
-from trajbus.gateway.errors import RETRY_SECONDS, GatewayError, bad_request, unavailable
+from trajbus.gateway.config import GatewaySettings
+from trajbus.gateway.engine.calls import EngineCalls, backend_failure
 from trajbus.gateway.engine.generation import Generation, Sampled
+from trajbus.gateway.engine.pool import BackendError, Completion
+from trajbus.gateway.errors import GatewayError, bad_request
 from trajbus.gateway.http.responses import SSE_DONE, EventSourceResponse, OrjsonResponse, sse_event
+from trajbus.gateway.metrics import GatewayMetrics
+from trajbus.gateway.prompts import tool_calls
+from trajbus.gateway.prompts.conversation import Prompt
+from trajbus.gateway.prompts.tokenizer import ChatTokenizer
 from trajbus.gateway.schemas import ChatCompletionRequest
-from trajbus.gateway.service import GatewayService
+from trajbus.gateway.state.lifecycle import TrajectoryLifecycle
 from trajbus.gateway.state.trajectories import Trajectory
 from trajbus.infra import tracing
 from trajbus.streams.wire.records import SEGMENT_START
@@ -57,20 +62,6 @@ INLINE_CHARACTERS = 16384
 the event loop; more, such as a whole conversation to render, in a worker thread, so other calls keep flowing."""
 
 
-def backend_failure(exc: Exception) -> GatewayError:
-    if isinstance(exc, NoBackendAvailable):
-        return unavailable(str(exc), code="no_backend")
-    status = getattr(exc, "status", 502)
-    return GatewayError(status, str(exc), type_="invalid_request_error" if status == 400 else "backend_error",
-                        code="backend_error", retry_after=RETRY_SECONDS if status >= 500 else None)
-
-
-def check_prompt_length(prompt_ids: list[int], limit: int, what: str = "messages") -> None:
-    if len(prompt_ids) > limit:
-        raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {what} "
-                          f"resulted in {len(prompt_ids)} tokens.", param=what, code="context_length_exceeded")
-
-
 def check_logprobs(completion: Completion) -> None:
     if len(completion.logprobs) != len(completion.token_ids):
         raise GatewayError(502, f"backend returned {len(completion.logprobs)} log-probs for "
@@ -80,11 +71,12 @@ def check_logprobs(completion: Completion) -> None:
 class ChatCompletions:
     """Serves chat completions from the parts it is given: tokenizer, engines, Kafka, trajectory rules."""
 
-    def __init__(self, service: GatewayService) -> None:
-        self.require = service.require
-        self.settings, self.tokenizer, self.backends = service.settings, service.tokenizer, service.backends
-        self.kafka, self.lifecycle, self.metrics = service.kafka, service.lifecycle, service.metrics
-        self.updates = service.updates
+    def __init__(self, settings: GatewaySettings, require: Callable[..., None], tokenizer: ChatTokenizer,
+                 engine: EngineCalls, kafka: KafkaLink, lifecycle: TrajectoryLifecycle,
+                 metrics: GatewayMetrics) -> None:
+        self.settings, self.require, self.tokenizer, self.engine = settings, require, tokenizer, engine
+        """``require``: 503 unless the named parts are ready (``GatewayService.require``)."""
+        self.kafka, self.lifecycle, self.metrics = kafka, lifecycle, metrics
 
     async def create(self, trajectory: Trajectory, request: ChatCompletionRequest, wait: float = 0.0,
                      traceparent: str | None = None):
@@ -112,14 +104,11 @@ class ChatCompletions:
         except Exception as exc:  # the template refused the conversation (e.g. roles out of order)
             raise bad_request(f"messages: the chat template cannot render this conversation: {exc}",
                               param="messages") from None
-        check_prompt_length(prompt.ids, self.settings.prompt_length)
+        self.engine.check_length(prompt.ids)
         await self.kafka.ensure_channel(trajectory.channel)  # Kafka down: 503 before the engine does any work
         sampling = request.engine_params(self.settings.response_length)
-        await self.updates.hold(wait)
-        generation = Generation(self.backends, self.updates, self.metrics, prompt.ids, sampling,
-                                self.lifecycle.policy_version(trajectory), trajectory.backend,
-                                self.tokenizer.stop_ids, request.stream or self.settings.engine_streaming == "always",
-                                1 if request.stream else self.settings.engine_stream_interval)
+        generation = await self.engine.begin(prompt.ids, sampling, self.lifecycle.policy_version(trajectory),
+                                             trajectory.backend, bool(request.stream), wait)
         call = (kind or ChatCall)(self, trajectory, request, messages, prompt, generation)
         call.spans = call_spans(trajectory, traceparent, started_ns)
         return call
@@ -193,11 +182,7 @@ class ChatCall:
         """The engine call, run to its end; a backend's failure is the agent's 502 or 503."""
         if self.spans is not None:
             self.spans.engine_started()
-        try:
-            await self.generation.start()
-            await self.generation.run()
-        except (NoBackendAvailable, BackendError) as exc:
-            raise backend_failure(exc) from None
+        await self.parts.engine.run(self.generation)
 
     async def settle(self) -> list[tool_calls.ParsedOutput]:
         """The generation's choices checked, parsed and published (acknowledged): what every answer shape ends
@@ -229,10 +214,7 @@ class ChatCall:
     async def stream(self) -> EventSourceResponse:
         if self.spans is not None:
             self.spans.engine_started()
-        try:  # connect before answering: a refused connection is retried, an unavailable pool is a 503
-            await self.generation.start()
-        except (NoBackendAvailable, BackendError) as exc:
-            raise backend_failure(exc) from None
+        await self.parts.engine.connect(self.generation)  # before answering: no engine is a 503
         return EventSourceResponse(self._events() if self.spans is None else self._traced(self._events()))
 
     async def _traced(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

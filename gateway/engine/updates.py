@@ -14,7 +14,8 @@ which version sampled which tokens (``streams.wire.versions``).
 ``drain`` pauses instead by holding new calls until the generations in flight
 end by themselves: what an update costs when nothing is cut (the benchmark's
 baseline). A generation read as one JSON answer (``--engine-streaming
-when-asked``, a client that did not stream) cannot be cut: a pause waits for it. A pause longer than ``--max-pause`` ends held and cut calls with 503
+when-asked``, a client that did not stream) cannot be cut: a pause waits for it.
+A pause longer than ``--max-pause`` ends held and cut calls with 503
 and ``Retry-After`` (nothing of theirs was published; the agent retries), instead
 of holding them for as long as the update takes. Pause and resume are idempotent;
 a resume to a version older than the one served is a 409.

@@ -13,15 +13,13 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
 
-from trajbus.gateway.chat.completions import ChatCompletions
-from trajbus.gateway.state.lifecycle import missing_trajectory
-from trajbus.gateway.routes.whitebox import PAUSED, WAIT
+from trajbus.gateway.routes.paths import BASE, PAUSED, WAIT
 from trajbus.gateway.schemas import (ChatCompletionRequest, CompleteTrajectoryRequest, InitTrajectoryRequest,
                                      RegisterTrajectoryRequest)
 from trajbus.gateway.service import GatewayService
+from trajbus.gateway.state.lifecycle import missing_trajectory
 from trajbus.infra.tracing import TRACEPARENT
 
-BASE = "/{trajectory_uid}/{prompt_uid:path}/v1"
 ROOT_CALLS = ("/v1/chat/completions", "/v1/completions", "/chat/completions")
 """Where an OpenAI client whose base_url is the gateway's root calls: no trajectory, so a 400 that says how to
 get one (kept out of the schema: they serve nothing)."""
@@ -30,7 +28,7 @@ get one (kept out of the schema: they serve nothing)."""
 def blackbox_router(service: GatewayService, admin: list) -> APIRouter:
     router = APIRouter()
     settings, lifecycle, pacing = service.settings, service.lifecycle, service.pacing
-    chat = ChatCompletions(service)
+    chat = service.chat
 
     @router.post("/init_trajectory", dependencies=admin)
     async def init_trajectory(body: InitTrajectoryRequest | None = None,

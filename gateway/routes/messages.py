@@ -28,12 +28,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from trajbus.gateway.anthropic.answers import MessagesCall, error_response
 from trajbus.gateway.anthropic.messages import conversation, engine_request
 from trajbus.gateway.anthropic.schemas import MessagesRequest
-from trajbus.gateway.chat.completions import ChatCompletions
 from trajbus.gateway.errors import GatewayError, from_validation_error
-from trajbus.gateway.state.lifecycle import missing_trajectory
-from trajbus.gateway.routes.blackbox import BASE
-from trajbus.gateway.routes.whitebox import PAUSED
+from trajbus.gateway.routes.paths import BASE, PAUSED
 from trajbus.gateway.service import GatewayService
+from trajbus.gateway.state.lifecycle import missing_trajectory
 from trajbus.infra.tracing import TRACEPARENT
 
 log = logging.getLogger("trajbus.gateway")
@@ -68,7 +66,7 @@ class AnthropicErrors(APIRoute):
 def messages_router(service: GatewayService) -> APIRouter:
     router = APIRouter(route_class=AnthropicErrors)
     lifecycle, pacing = service.lifecycle, service.pacing
-    chat = ChatCompletions(service)
+    chat = service.chat
 
     @router.post(MESSAGES, summary="Anthropic's Messages API (tool use, streaming) on a trajectory")
     async def messages(trajectory_uid: str, prompt_uid: str, body: MessagesRequest, request: Request,

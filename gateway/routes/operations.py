@@ -9,8 +9,8 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from trajbus.gateway.http.dashboard import PAGE, DashboardData
 from trajbus.gateway.errors import RETRY_SECONDS, unavailable
+from trajbus.gateway.http.dashboard import PAGE, DashboardData
 from trajbus.gateway.service import GatewayService
 
 

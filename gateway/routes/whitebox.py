@@ -10,17 +10,13 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from pydantic import ValidationError
 
-from trajbus.gateway.engine.pool import BackendError, NoBackendAvailable
-from trajbus.gateway.chat.completions import backend_failure, check_prompt_length
 from trajbus.gateway.errors import bad_request, from_validation_error
-from trajbus.gateway.engine.generation import Generation
+from trajbus.gateway.routes.paths import PAUSED, WAIT
 from trajbus.gateway.schemas import (CHANNEL_PATTERN, GenerateRequest, RewardRequest, SubmitStepsRequest,
                                      step_from_json, submit_steps_schema)
 from trajbus.gateway.service import GatewayService
 from trajbus.streams.wire.records import Step
 
-WAIT = "seconds a new trajectory may be held until admitted (pacing), else 429 at once"
-PAUSED = "seconds a call may be held while generation is paused for a weight update, else 429 at once"
 SUBMIT_STEPS_BODY = {"requestBody": {"required": True,
                                      "content": {"application/json": {"schema": submit_steps_schema()}}}}
 """``/submit_steps`` reads its body itself, so the schema of its steps is declared here."""
@@ -62,27 +58,21 @@ def submitted_steps(body: Any) -> tuple[list[Step], int | None]:
 
 def whitebox_router(service: GatewayService, admin: list) -> APIRouter:
     router = APIRouter(dependencies=admin)
-    settings, backends, lifecycle = service.settings, service.backends, service.lifecycle
+    settings, engine, backends, lifecycle = service.settings, service.engine, service.backends, service.lifecycle
 
     @router.post("/generate")
     async def generate(body: GenerateRequest, wait: float = Query(0.0, ge=0, le=settings.max_admission_wait,
                                                                   description=f"{WAIT}; {PAUSED}")) -> dict[str, Any]:
         service.require("backend")
-        check_prompt_length(body.prompt_ids, settings.prompt_length, what="prompt_ids")
+        engine.check_length(body.prompt_ids, what="prompt_ids")
         uid = body.trajectory_uid
         await lifecycle.admit_generation(uid, body.prompt_uid, body.channel, body.step_index, body.policy_version,
                                          wait)
         sampling = body.engine_params(settings.response_length)
-        await service.updates.hold(wait)
         version = body.policy_version if body.policy_version is not None else service.served.stamp(body.channel)
-        generation = Generation(backends, service.updates, service.metrics, body.prompt_ids, sampling, version,
-                                backends.remembered(uid), service.tokenizer.stop_ids,
-                                settings.engine_streaming == "always", settings.engine_stream_interval)
-        try:
-            await generation.start()
-            await generation.run()
-        except (NoBackendAvailable, BackendError) as exc:
-            raise backend_failure(exc) from None
+        generation = await engine.begin(body.prompt_ids, sampling, version, backends.remembered(uid), stream=False,
+                                        wait=wait)
+        await engine.run(generation)
         backends.remember(uid, generation.backend)
         choices = [{"index": c.index, "response_ids": c.token_ids, "log_probs": c.logprobs,
                     "finish_reason": c.finish_reason, "text": c.text,

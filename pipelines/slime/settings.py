@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 from trajbus.infra.arguments import positive_float, positive_int
 from trajbus.infra.bootstrap import BrokerNotFound, resolve_bootstrap_servers
 from trajbus.infra.declared import declared_fields, parse_text, resolve, setting
+from trajbus.infra.shared_settings import prefix_setting
 from trajbus.pipelines.data_source import DataSourceArgs
 from trajbus.pipelines.ledger import PromptLedger
 from trajbus.streams.wire.topics import DEFAULT_PREFIX, validate_channel, validate_prefix
@@ -43,7 +44,7 @@ class SlimeSettings:
     bootstrap_servers: str | None = setting(None, help=(
         "Kafka bootstrap servers (else $TRAJBUS_BOOTSTRAP_SERVERS, else the embedded broker of `trajbus broker "
         "up`); with none, the data source runs without a prompt ledger, as slime's own"))
-    prefix: str = setting(DEFAULT_PREFIX, help="trajbus's topic prefix")
+    prefix: str = prefix_setting(DEFAULT_PREFIX)
     channel: str = setting("train", help="the channel whose prompt ledger ({prefix}.prompts.{channel}) is kept")
     settled_by: str = setting("rollout", choices=SETTLED_BY, help=(
         "who records how each group handed out ended: rollout (slime's own rollout function, run by "

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from trajbus.gateway.admission.rules import (BACKLOG_FULL, BACKLOG_UNKNOWN, FINISHING_SECONDS, POLICY_TOO_STALE, Admission,
-                                       AdmissionRules, Backlog, refusal)
+from trajbus.gateway.admission.rules import (BACKLOG_FULL, BACKLOG_UNKNOWN, FINISHING_SECONDS, POLICY_TOO_STALE,
+                                             Admission, AdmissionRules, Backlog, refusal)
 from trajbus.gateway.config import add_gateway_arguments, settings_from_args
 from trajbus.gateway.errors import GatewayError
 from trajbus.gateway.metrics import GatewayMetrics

@@ -18,6 +18,13 @@ def test_every_folder_is_installed_under_trajbus_and_nothing_else():
     assert setuptools["package-dir"] == {"trajbus": "trajbus", **{f"trajbus.{f}": f for f in FOLDERS}}
 
 
+def test_every_package_folder_is_declared_so_a_wheel_carries_it():
+    packages = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {"trajbus." + ".".join(init.parent.relative_to(ROOT).parts)
+               for folder in FOLDERS for init in (ROOT / folder).rglob("__init__.py")}
+    assert folders - packages == set(), "a package folder pyproject.toml does not list: `pip install .` leaves it out"
+
+
 def test_no_module_imports_a_bare_top_level_name():
     bare = re.compile(rf"^\s*(from|import) ({'|'.join(FOLDERS)})\b", re.M)
     offenders = [str(path.relative_to(ROOT)) for folder in (*FOLDERS, "tests", "benchmarks")
