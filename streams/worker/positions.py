@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from trajbus.infra.retry import retrying_async
 from trajbus.infra.group_lag import consumer_group_lag
-from trajbus.streams.worker.state_store import AssemblyState
+from trajbus.infra.retry import retrying_async
 from trajbus.streams.wire.topics import steps_topic
+from trajbus.streams.worker.state_store import AssemblyState
 
 log = logging.getLogger("trajbus.worker")
 
@@ -32,7 +32,7 @@ class SourcePositions:
                  resume_deadline: float) -> None:
         self.state, self.bootstrap_servers, self.group_id, self.prefix = state, bootstrap_servers, group_id, prefix
         self.resume_deadline = resume_deadline
-        self.expected: dict[tuple[str, int], int] = {}
+        self._expected: dict[tuple[str, int], int] = {}
         self.stalls: dict[tuple[str, int], tuple[int | None, float]] = {}
         """(channel, partition) -> (our position, since when) while the log ends past it."""
         self.resume_points: dict[str, dict[int, int]] = {}
@@ -40,10 +40,16 @@ class SourcePositions:
 
     def known(self, channel: str, partition: int) -> int | None:
         """The next source offset to apply, from memory or else from the recovered table."""
-        if (channel, partition) in self.expected:
-            return self.expected[(channel, partition)]
+        if (channel, partition) in self._expected:
+            return self._expected[(channel, partition)]
         applied = self.state.applied_position(partition, channel)
         return None if applied is None else applied + 1
+
+    def in_memory(self, channel: str, partition: int, default: int) -> int:
+        """The next source offset to apply as held in memory (set by ``start_of`` and each applied record),
+        else ``default``: unlike ``known`` never read from the table, so a range being applied goes by
+        what it applied itself."""
+        return self._expected.get((channel, partition), default)
 
     async def resume_point(self, channel: str, partition: int) -> int:
         """With no position saved (a new table): where this worker group resumes, its committed offset,
@@ -62,7 +68,7 @@ class SourcePositions:
         position = self.known(channel, partition)
         if position is None:
             position = await self.asked_resume_point(channel, partition)
-        self.expected[(channel, partition)] = position
+        self._expected[(channel, partition)] = position
         return position
 
     async def asked_resume_point(self, channel: str, partition: int) -> int:
@@ -79,7 +85,7 @@ class SourcePositions:
         """``offset`` was applied. A partition's first position is saved at once, as the offset before
         this one (its group change reaches the table only with the next tick); later ones once a tick.
         Without a saved position, a new owner would have to ask the consumer group again."""
-        self.expected[(channel, partition)] = offset + 1
+        self._expected[(channel, partition)] = offset + 1
         if self.state.applied_position(partition, channel) is None:
             self.state.save_position(partition, channel, offset - 1)
 
@@ -105,18 +111,18 @@ class SourcePositions:
         or its emitted marker). It must never lead, and it cannot: it is written to
         the same changelog partition after the writes of the events it covers.
         """
-        for (channel, owner), next_offset in self.expected.items():
+        for (channel, owner), next_offset in self._expected.items():
             if owner == partition:
                 self.state.save_position(partition, channel, next_offset - 1)
 
     def forget_partition(self, partition: int) -> None:
         """One partition's positions are re-read from the table (an event of it failed half-way)."""
-        for key in [key for key in self.expected if key[1] == partition]:
-            del self.expected[key]
+        for key in [key for key in self._expected if key[1] == partition]:
+            del self._expected[key]
             self.stalls.pop(key, None)
 
     def forget(self) -> None:
         """After a rebalance, positions are re-read from the recovered table."""
-        self.expected.clear()
+        self._expected.clear()
         self.stalls.clear()
         self.resume_points.clear()

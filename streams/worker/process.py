@@ -10,6 +10,10 @@ A worker whose ``--steps-partitions`` differs from its steps topics' count refus
 (``PartitionMismatch``, one line, exit 2) rather than adopt the topic's count: its table and
 changelog are partitioned like its source, so a count it was not told about is a configuration
 the user must settle (start it with the topic's count, or raise the topic on purpose).
+
+The process owns the chores beside assembly (``streams.worker.chores``: the policy watcher, the
+statistics on Kafka, the metrics endpoint): started once its topics exist, closed as it stops or
+starts again.
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ from trajbus.infra.outage import KafkaUnreachable, OutageWatch
 from trajbus.infra.retry import retrying
 from trajbus.infra.topics import TopicSpec, ensure_topics, partition_counts
 from trajbus.streams.worker.assembler import build_app, changelog_topic_name
+from trajbus.streams.worker.chores import WorkerChores
 from trajbus.streams.worker.settings import WorkerSettings
 from trajbus.streams.wire.topics import steps_topic, traces_topic
 from trajbus.streams.worker.logs import logging_config, lost_kafka
+from trajbus.streams.worker.stats import WorkerMetrics
 
 log = logging.getLogger("trajbus.worker")
 
@@ -124,7 +130,9 @@ def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None) -
              servers, f" ({connection})" if connection else "", outage_limit)
     traced = tracing.configure("trajbus-worker", settings.tracing, servers, traces_topic(settings.topics.prefix))
     with tempfile.TemporaryDirectory(prefix=f"trajbus-{settings.app_id}-") as datadir:
-        app, assembler = build_app(servers, settings, Path(datadir))
+        metrics = WorkerMetrics()
+        chores = WorkerChores(settings, servers, metrics)  # started once the topics exist
+        app, _ = build_app(servers, settings, Path(datadir), metrics, chores)
         changelog = changelog_topic_name(app)
         _provision(servers, worker_topics(settings, changelog), outage_limit,
                    check=partial(_match_partitions, servers, settings, changelog))
@@ -132,7 +140,7 @@ def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None) -
         # logger configuration decides what each library may say.
         worker = faust.Worker(app, loglevel="INFO", quiet=True, redirect_stdouts=False,
                               logging_config=logging_config(settings.faust_loglevel, level))
-        assembler.start()
+        chores.start()
         outage = OutageWatch(servers, outage_limit, _give_up, what="worker").start()
         try:
             worker.execute_from_commandline()
@@ -145,7 +153,7 @@ def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None) -
             log.warning("worker lost kafka (%r); starting again once it answers", crash)
         finally:
             outage.stop()
-            assembler.stop()
+            chores.close()  # the last statistics out, then the policy watcher and the metrics server
             traced.shutdown()  # the last spans out (also before a restart)
     os.environ[OUTAGE_SINCE] = str(time.time())
     logging.shutdown()

@@ -4,7 +4,7 @@ A group ends emitted or dropped. Its outcome is written to the channel's prompt 
 acknowledged, before the table records it (``AssemblyState.record_outcome``: the marker,
 and the pending group cleared), so the ledger is never behind the table: a data source
 resuming from the ledger never misses an outcome. Emission settles the groups it decides;
-recovery settles the groups an earlier owner emitted but did not get to record.
+reconciliation settles the groups an earlier owner emitted but did not get to record.
 """
 
 from __future__ import annotations

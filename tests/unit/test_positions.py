@@ -83,7 +83,7 @@ def test_a_partition_is_read_directly_only_once_its_position_stops_moving_behind
 
 
 def test_an_event_that_fails_half_way_is_applied_again_from_the_saved_position() -> None:
-    """The worker's no-skip rule (``GroupAssembler.apply_at``): a failure drops the partition's unflushed
+    """The worker's no-skip rule (``EventApplier.apply_at``): a failure drops the partition's unflushed
     changes and its in-memory position, so the next try starts at the saved position, this event included;
     other partitions keep theirs."""
     worker = new_worker(partitions=(3, 4))
@@ -94,20 +94,20 @@ def test_an_event_that_fails_half_way_is_applied_again_from_the_saved_position()
     worker.deliver(three.append(step("a", "a1", index=1, last=False)))  # applied, not yet saved
     worker.deliver(four.append(step("b", "b1", index=1, last=False)))
     assembler, failures = worker.assembler, [ConnectionError("leader moved")]
-    real_process = assembler.process
+    real_process = assembler.applier.process
 
     async def process(channel: str, partition: int, message: object) -> None:
         if failures:
             raise failures.pop()
         await real_process(channel, partition, message)
 
-    assembler.process = process  # type: ignore[method-assign]
+    assembler.applier.process = process  # type: ignore[method-assign]
     with pytest.raises(ConnectionError):
         worker.deliver(three.append(step("a", "a1", index=2)))
     assert assembler.positions.known("train", 3) == 1, "the failed event's partition restarts at its saved position"
-    assert not assembler.state.has_changes(3) and 3 not in assembler.recovery.reconciled
+    assert not assembler.state.has_changes(3) and 3 not in assembler.reconciliation.reconciled
     assert assembler.positions.known("train", 4) == 2 and assembler.state.has_changes(4)
-    assert 4 in assembler.recovery.reconciled
+    assert 4 in assembler.reconciliation.reconciled
     worker.deliver(three.records[2])  # delivered again: offset 1 is read directly, then 2 applied
     assert assembler.positions.known("train", 3) == 3
     group = assembler.state.group(3, "train", "a")

@@ -1,7 +1,7 @@
 """The stream worker's parts without Kafka or Faust: a dict as its table, fakes for what it writes and reads.
 
-``new_assembler`` builds the real ``GroupAssembler`` (emission, recovery, positions, state) on
-these, so the unit tests drive the rules the integration tests prove through the broker.
+``new_worker`` builds the real ``GroupAssembler`` (applier, emission, reconciliation, recovery, positions,
+state) on these, so the unit tests drive the rules the integration tests prove through the broker.
 """
 
 from __future__ import annotations
@@ -12,14 +12,18 @@ from typing import Iterable
 
 from trajbus.streams.wire import codec
 
+from trajbus.streams.client.dlq import DeadLetter
+from trajbus.streams.client.topic_settings import TopicSettings
 from trajbus.streams.wire import ledger
-from trajbus.streams.worker.assembler import GroupAssembler
-from trajbus.streams.worker.direct_reads import SOURCE_OFFSET, SOURCE_PARTITION, SourceRecord
-from trajbus.streams.client.dlq import REASON, DeadLetter, Headers
+from trajbus.streams.wire.dlq import REASON
+from trajbus.streams.wire.headers import SOURCE_OFFSET, SOURCE_PARTITION, Headers
 from trajbus.streams.wire.records import Step, TrajectoryEnd
+from trajbus.streams.wire.topics import steps_topic
+from trajbus.streams.worker.assembler import GroupAssembler
+from trajbus.streams.worker.chores import WorkerChores
+from trajbus.streams.worker.direct_reads import SourceRecord
 from trajbus.streams.worker.settings import ChannelSettings, WorkerSettings
 from trajbus.streams.worker.stats import WorkerMetrics
-from trajbus.streams.wire.topics import TopicSettings, steps_topic
 
 PREFIX = "p"
 CHANNEL = "train"
@@ -151,7 +155,7 @@ class Worker:
         """Flush each held partition's changes and positions (the tick's first half, without Kafka)."""
         async def flush() -> None:
             for partition in sorted(self.partitions):
-                await self.assembler.recovery.ensure_reconciled(partition)
+                await self.assembler.reconciliation.ensure(partition)
                 self.assembler.flush(partition)
         asyncio.run(flush())
 
@@ -166,8 +170,10 @@ def new_worker(table: dict[bytes, bytes] | None = None, sends: FakeSends | None 
     settings = WorkerSettings(topics=TopicSettings(prefix=PREFIX), channels=(CHANNEL,),
                               default=ChannelSettings(**{"n_rollouts": 2, **channel}))
     held = set(partitions)
-    assembler = GroupAssembler(settings, "unused:9092", table, sends, reads, WorkerMetrics(), lambda: held,
-                               lambda: True)
+    metrics = WorkerMetrics()
+    chores = WorkerChores(settings, "unused:9092", metrics)  # never started: no policy version, no Kafka
+    assembler = GroupAssembler(settings, "unused:9092", table, sends, reads, metrics, chores.policy, chores.stats,
+                               lambda: held, lambda: True)
 
     async def resume_point(channel: str, partition: int) -> int:
         return 0
