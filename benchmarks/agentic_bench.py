@@ -45,7 +45,8 @@ from trajbus.streams.wire import codec
 from trajbus.streams.worker.assembler import STATE_TABLE
 from trajbus.streams.client.producer import StepProducer
 from trajbus.streams.wire.records import Step
-from trajbus.streams.worker.stats import applied_positions, read_snapshots
+from trajbus.streams.wire.stats import applied_positions
+from trajbus.streams.client.snapshots import read_snapshots
 from trajbus.streams.wire.topics import steps_topic
 from trajbus.pipelines.tables import print_table as draw_table
 

@@ -37,8 +37,9 @@ from trajbus.infra.kafka_cluster import EmbeddedCluster
 from trajbus.infra.topics import ensure_topics
 from trajbus.pipelines.processes import worker_process
 from trajbus.pipelines.tables import print_table
-from trajbus.streams.wire.topics import TopicSettings
-from trajbus.streams.worker.stats import held_partitions, read_snapshots
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.wire.stats import held_partitions
+from trajbus.streams.client.snapshots import read_snapshots
 
 PLAN = [(SINGLE_TURN, 8), (MULTI_TURN, 8)]
 FLEET_CALLERS = 256

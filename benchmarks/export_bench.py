@@ -2,7 +2,7 @@
 
 Groups of real size: 8 rollouts x 16 turns, each trajectory's context growing to 32k tokens
 (a 151k vocabulary: 4 bytes a token on the wire), with log-probs, written to a groups topic as
-the worker writes them (``streams.wire.chunks.produce_group``: the wire's prefix structure, a
+the worker writes them (``streams.client.chunks.produce_group``: the wire's prefix structure, a
 chunked group past ``max.message.bytes``). The baseline is a plain ``confluent_kafka`` consumer
 reading every record of that topic to its end (bytes only, no decoding); the export decodes the
 same records, builds the rows and writes zstd Parquet parts (``pipelines.export``). Each is run
@@ -36,9 +36,10 @@ from trajbus.pipelines.export import Exporter, ExportSettings
 from trajbus.pipelines.export_parts import encode_part
 from trajbus.pipelines.export_rows import Provenance, RlColumns, trajectories
 from trajbus.pipelines.tables import print_table
-from trajbus.streams.wire.chunks import ChunkReader, produce_group
+from trajbus.streams.client.chunks import ChunkReader, produce_group
+from trajbus.streams.client.topic_settings import TopicSettings
 from trajbus.streams.wire.records import ReadyGroup, Step
-from trajbus.streams.wire.topics import TopicSettings, chunks_topic, groups_topic
+from trajbus.streams.wire.topics import chunks_topic, groups_topic
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROLLOUTS, TURNS, CONTEXT, VOCAB = 8, 16, 32_768, 151_000

@@ -21,23 +21,23 @@ from typing import Any, Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from trajbus.infra.bootstrap import resolve_bootstrap_servers
-from trajbus.infra.topics import watermarks
-from trajbus.infra.clients import acked_producer, trainer_consumer
-from trajbus.infra.first_contact import CONNECT_TIMEOUT, first_contact
-from trajbus.infra.outage import OUTAGE_LIMIT, KafkaUnreachable
-from trajbus.infra.retry import retrying
-from trajbus.infra.tracing import OFF, configure
 from trajbus.consumers import metrics
 from trajbus.consumers.backends import TrainingBackend
 from trajbus.consumers.channels import CHANNEL_GRACE, ChannelCheck
 from trajbus.consumers.commits import GroupCommits
 from trajbus.consumers.contact import ContactWatch
 from trajbus.consumers.fetch_traces import fetch_traces
-from trajbus.consumers.rows import check_group
-from trajbus.streams.wire.chunks import ChunkReader
-from trajbus.streams.client.dlq import dead_letter
 from trajbus.consumers.group_records import decode_group
+from trajbus.consumers.rows import check_group
+from trajbus.infra.bootstrap import resolve_bootstrap_servers
+from trajbus.infra.clients import acked_producer, trainer_consumer
+from trajbus.infra.first_contact import CONNECT_TIMEOUT, first_contact
+from trajbus.infra.outage import OUTAGE_LIMIT, KafkaUnreachable
+from trajbus.infra.retry import retrying
+from trajbus.infra.topics import watermarks
+from trajbus.infra.tracing import OFF, configure
+from trajbus.streams.client.chunks import ChunkReader
+from trajbus.streams.client.dlq import dead_letter
 from trajbus.streams.wire.prefix import StructuredGroup
 from trajbus.streams.wire.records import ReadyGroup, Step
 from trajbus.streams.wire.topics import DEFAULT_PREFIX, groups_topic, traces_topic, trainer_group_id, validate_channel

@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterable, Iterator
 
-import orjson
 from cachetools import FIFOCache
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
 from trajbus.infra import tracing
+from trajbus.streams.wire.headers import GROUP_TRACEPARENTS, decode_traceparents
 
 HELD = 4096
 """Fetched groups whose spans are kept for a conversion (a trainer that never converts drops the oldest)."""
@@ -24,14 +24,7 @@ HELD = 4096
 
 def group_parents(headers: Any) -> dict[str, str]:
     """The ``trajbus-traceparents`` header of a group record: trajectory uid -> traceparent ({} if none)."""
-    value = tracing.header_value(headers, tracing.GROUP_TRACEPARENTS)
-    if not value:
-        return {}
-    try:
-        parents = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        return {}
-    return parents if isinstance(parents, dict) else {}
+    return decode_traceparents(tracing.header_value(headers, GROUP_TRACEPARENTS))
 
 
 class FetchTraces:

@@ -3,8 +3,8 @@ batch back (``consumers.step_batch``), so both hand out the same rows."""
 
 from __future__ import annotations
 
+from trajbus.streams.client.chunks import ChunkReader
 from trajbus.streams.wire import codec
-from trajbus.streams.wire.chunks import ChunkReader
 from trajbus.streams.wire.prefix import StructuredGroup
 
 __all__ = ["decode_group"]

@@ -31,18 +31,18 @@ from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.clients import acked_producer, reader
 from trajbus.infra.terminal import ProgressLine
 from trajbus.infra.topics import ensure_topics, read_partition, watermarks
-from trajbus.streams.wire import codec
-from trajbus.streams.wire.chunks import ChunkReader, produce_group
-from trajbus.streams.wire.prefix import PrefixError, PrefixResolver, StepDelta, step_of
+from trajbus.streams.client.chunks import ChunkReader, produce_group
 from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.headers import REPLAYED_FROM
+from trajbus.streams.wire.prefix import PrefixError, PrefixResolver, StepDelta, step_of
 from trajbus.streams.wire.records import ReadyGroup, Step, TrajectoryEnd
-from trajbus.streams.wire.topics import (DEFAULT_PREFIX, TopicSettings, chunks_topic, groups_topic, steps_topic,
-                                   validate_channel)
+from trajbus.streams.wire.topics import DEFAULT_PREFIX, chunks_topic, groups_topic, steps_topic, validate_channel
 
 log = logging.getLogger(__name__)
 
 SOURCES = ("groups", "steps")
-REPLAYED_FROM = "trajbus-replayed-from"
 
 
 class ReplayError(ValueError):

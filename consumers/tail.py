@@ -19,7 +19,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Message, TopicPartitio
 
 from trajbus.infra.clients import reader
 from trajbus.streams.wire import codec
-from trajbus.streams.client.dlq import REASON
+from trajbus.streams.wire.dlq import REASON
 from trajbus.streams.wire.prefix import StepDelta
 from trajbus.streams.wire.records import ChunkedGroup, ReadyGroup, Step, TrajectoryEnd
 

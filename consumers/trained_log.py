@@ -14,7 +14,9 @@ from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.clients import acked_producer, reader
 from trajbus.infra.topics import ensure_topics, read_partition, watermarks
 from trajbus.streams.client.delivery import produce_acked
-from trajbus.streams.wire.topics import DEFAULT_PREFIX, TopicSettings, trained_topic, validate_channel
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.wire.headers import content_type_headers
+from trajbus.streams.wire.topics import DEFAULT_PREFIX, trained_topic, validate_channel
 from trajbus.streams.wire.trained import CONTENT_TYPE, GroupRef, TrainedStep, decode_trained, encode_trained
 
 log = logging.getLogger("trajbus.trained")
@@ -56,7 +58,7 @@ class TrainedLog:
             ensure_topics(self.bootstrap_servers, [self.settings.trained_spec(self.channel)], self.timeout)
             self._producer = acked_producer(self.bootstrap_servers, {"logger": log})
         key, value = encode_trained(record)
-        produce_acked(self._producer, self.topic, [(key, value, [("content-type", CONTENT_TYPE.encode())])],
+        produce_acked(self._producer, self.topic, [(key, value, content_type_headers(CONTENT_TYPE))],
                       self.timeout)
         log.info("trained step recorded run=%s step=%d groups=%d", record.run, record.step, len(record.groups))
 

@@ -10,7 +10,8 @@ A trajectory's trace is derived from its uid alone (``trajectory_ids``), so ever
 without asking anyone: the gateway exports the trajectory's root span with those exact ids
 (``export_trajectory_root``), and a process that has no better parent uses ``trajectory_context(uid)``.
 The better parent travels in Kafka record headers as W3C ``traceparent`` (``inject_headers`` /
-``context_from_headers``); a group record carries one per trajectory (``GROUP_TRACEPARENTS``).
+``context_from_headers``); a group record carries one per trajectory (``GROUP_TRACEPARENTS`` of
+``streams.wire.headers``).
 """
 
 from __future__ import annotations
@@ -27,22 +28,17 @@ from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from trajbus.infra.span_names import (  # noqa: F401 - the span vocabulary, re-exported: callers write tracing.CALL
+    APPLY, BACKEND, CALL, CHANNEL, CONVERT, EMIT, ENGINE, FETCH, OFFSET, OUTCOME, PARTITION, PROMPT_UID, PUBLISH,
+    STEP_INDEX, TOKENS, TRAJECTORY, TRAJECTORY_UID)
+
 log = logging.getLogger("trajbus.tracing")
 
 OFF = "off"
 KAFKA, OTLP = "kafka", "otlp"
 MODES = (KAFKA, OTLP)
 TRACEPARENT = "traceparent"
-GROUP_TRACEPARENTS = "trajbus-traceparents"
-"""Header of a group record: JSON ``{trajectory_uid: traceparent}`` (the worker's emit span of each)."""
-
-# span names
-TRAJECTORY, CALL, ENGINE, PUBLISH = "trajbus.trajectory", "trajbus.call", "trajbus.engine", "trajbus.publish"
-APPLY, EMIT, FETCH, CONVERT = "trajbus.apply", "trajbus.emit", "trajbus.fetch", "trajbus.convert"
-# attributes
-TRAJECTORY_UID, PROMPT_UID, STEP_INDEX = "trajbus.trajectory_uid", "trajbus.prompt_uid", "trajbus.step_index"
-CHANNEL, PARTITION, OFFSET = "trajbus.channel", "trajbus.partition", "trajbus.offset"
-OUTCOME, BACKEND, TOKENS = "trajbus.outcome", "trajbus.backend", "trajbus.tokens"
+"""The W3C header, on HTTP requests and Kafka records alike (the wire's name: ``streams.wire.headers``)."""
 
 _propagator = TraceContextTextMapPropagator()
 _forced_ids: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("trajbus_forced_ids",

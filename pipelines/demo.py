@@ -43,7 +43,8 @@ from trajbus.pipelines.report import VersionRecord, drops_from_stats, summary_ta
 from trajbus.pipelines.training_state import TrainingState
 from trajbus.streams.client.policy import PolicyVersionPublisher
 from trajbus.streams.client.producer import StepProducer
-from trajbus.streams.worker.stats import read_snapshots, summarize
+from trajbus.streams.wire.stats import summarize
+from trajbus.streams.client.snapshots import read_snapshots
 
 STAGES = 6
 

@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from confluent_kafka import KafkaException, TopicPartition
 
-from trajbus.consumers.group_records import decode_group
 from trajbus.consumers.fetch_traces import group_parents
+from trajbus.consumers.group_records import decode_group
 from trajbus.consumers.replay import Replay, ReplayError
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.clients import reader
@@ -37,7 +37,7 @@ from trajbus.pipelines.export_filters import TrajectoryFilter
 from trajbus.pipelines.export_parts import ExportState, PartStore, PartWriter
 from trajbus.pipelines.export_rows import RL_SCHEMA, Provenance, RlColumns, trajectories
 from trajbus.pipelines.export_sft import SFT_SCHEMA, SftRows
-from trajbus.streams.wire.chunks import ChunkReader
+from trajbus.streams.client.chunks import ChunkReader
 from trajbus.streams.wire.prefix import PrefixError, StructuredGroup
 from trajbus.streams.wire.topics import DEFAULT_PREFIX, groups_topic
 

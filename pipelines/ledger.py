@@ -21,10 +21,12 @@ from trajbus.infra.clients import acked_producer, reader
 from trajbus.infra.topics import watermarks
 from trajbus.streams.client.delivery import produce_acked
 from trajbus.streams.client.dlq import dead_letter
-from trajbus.streams.wire.ledger import (ABANDON, ABANDON_TRAJECTORY, CONTENT_TYPE, Dispatch, LedgerError, LedgerView,
-                                    Record, decode_record, encode_record)
 from trajbus.streams.client.producer import StepProducer
-from trajbus.streams.wire.topics import DEFAULT_PREFIX, TopicSettings, prompts_topic, validate_channel
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.wire.headers import content_type_headers
+from trajbus.streams.wire.ledger import (ABANDON, ABANDON_TRAJECTORY, CONTENT_TYPE, Dispatch, LedgerError, LedgerView,
+                                         Record, decode_record, encode_record)
+from trajbus.streams.wire.topics import DEFAULT_PREFIX, prompts_topic, validate_channel
 
 log = logging.getLogger("trajbus.ledger")
 
@@ -94,7 +96,7 @@ class PromptLedger:
 
     def write(self, records: list[Record]) -> None:
         """Append ``records`` in order and wait for the broker's acknowledgement of every one."""
-        headers = [("content-type", CONTENT_TYPE.encode())]
+        headers = content_type_headers(CONTENT_TYPE)
         produce_acked(self._acked(), self.topic, [(*encode_record(record), headers) for record in records],
                       self.timeout)
         for record in records:

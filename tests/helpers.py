@@ -151,7 +151,8 @@ def settle_workers(bootstrap_servers: str, prefix: str, workers: list, channels:
     """Wait until the running workers have applied every step (their published source positions
     reach the steps topics' ends), then stop them gracefully: whatever the groups topics hold
     afterwards is all they will ever emit (a known end, no sleeping)."""
-    from trajbus.streams.worker.stats import applied_positions, read_snapshots
+    from trajbus.streams.wire.stats import applied_positions
+    from trajbus.streams.client.snapshots import read_snapshots
     from trajbus.streams.wire.topics import steps_topic
 
     def applied_everything() -> bool:

@@ -27,7 +27,7 @@ from trajbus.pipelines.data_source import DataSourceArgs, RolloutDataSourceWithB
 from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.training_state import TrainingState
 from trajbus.streams.client.producer import StepProducer
-from trajbus.streams.wire.topics import TopicSettings
+from trajbus.streams.client.topic_settings import TopicSettings
 
 
 _SAY = threading.Lock()

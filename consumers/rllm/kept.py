@@ -24,7 +24,8 @@ import orjson
 from prometheus_client import Counter
 
 from trajbus.infra.topics import TopicSpec
-from trajbus.streams.wire.topics import TopicSettings, validate_channel
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.wire.topics import validate_channel
 
 __all__ = ["UNTRAINABLE", "KeptTrace", "event_value", "kept_event", "kept_spec", "kept_topic", "kept_trace",
            "read_kept"]

@@ -44,8 +44,8 @@ from trajbus.consumers.verl.settings import VerlQueueSettings
 from trajbus.infra.clients import reader
 from trajbus.infra.topics import ensure_topics, watermarks
 from trajbus.streams.client.policy import PolicyVersionPublisher
+from trajbus.streams.client.topic_settings import TopicSettings
 from trajbus.streams.wire.prefix import StructuredGroup
-from trajbus.streams.wire.topics import TopicSettings
 
 log = logging.getLogger(__name__)
 

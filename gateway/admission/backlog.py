@@ -19,7 +19,6 @@ One client of each kind is kept open, so a refresh is a few small requests.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -28,11 +27,11 @@ from typing import Callable
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from trajbus.infra.clients import acked_producer, reader
+from trajbus.streams.wire.stats import decode_snapshot, encode_snapshot, in_flight_groups, in_flight_snapshot
 from trajbus.streams.wire.topics import groups_topic, stats_topic, trainer_group_id
 
 log = logging.getLogger("trajbus.gateway")
 
-IN_FLIGHT_SAMPLE = "trajbus_gateway_in_flight_groups"
 REFRESH_SECONDS = 0.5
 LIVE_WITHIN = 5.0
 """Seconds a snapshot or a read of the lag stays valid: older is a gateway that stopped, or a lag unknown."""
@@ -130,11 +129,8 @@ class BacklogMonitor:
         """This gateway's in-flight groups, counted (``samples``, as the workers' snapshots) and named
         (``groups``); every channel watched is named, so a count that drops to 0 is seen."""
         groups = {**{channel: set() for channel in self._channels}, **groups}
-        snapshot = {"worker_id": self.gateway_id, "updated_at": time.time(),
-                    "samples": [[IN_FLIGHT_SAMPLE, {"channel": c}, len(g)] for c, g in sorted(groups.items())],
-                    "groups": {c: sorted(g) for c, g in groups.items()}}
         self._producer.produce(stats_topic(self.prefix), key=self.gateway_id.encode(),
-                               value=json.dumps(snapshot).encode())
+                               value=encode_snapshot(in_flight_snapshot(self.gateway_id, groups)))
         self._producer.poll(0)
 
     def _follow(self, timeout: float) -> None:
@@ -148,8 +144,8 @@ class BacklogMonitor:
                 self._others.pop(key, None)
                 continue
             try:
-                snapshot = json.loads(message.value())
-                self._others[key] = (float(snapshot["updated_at"]), _groups_of(key, snapshot))
+                snapshot = decode_snapshot(message.value())
+                self._others[key] = (float(snapshot["updated_at"]), in_flight_groups(key, snapshot))
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("ignoring gateway snapshot %s: %s", key, exc)
 
@@ -163,11 +159,3 @@ class BacklogMonitor:
         for consumer in self._committed.values():
             consumer.close()
 
-
-def _groups_of(gateway_id: str, snapshot: dict) -> dict[str, set[str]]:
-    """A snapshot's in-flight groups per channel; a gateway that sends only counts (an older version)
-    gets that many groups of its own."""
-    if "groups" in snapshot:
-        return {channel: {str(uid) for uid in uids} for channel, uids in snapshot["groups"].items()}
-    return {labels["channel"]: {f"{gateway_id}#{i}" for i in range(int(value))}
-            for name, labels, value in snapshot["samples"] if name == IN_FLIGHT_SAMPLE}

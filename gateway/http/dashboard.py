@@ -15,7 +15,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from trajbus.streams.worker.stats import read_snapshots, summarize
+from trajbus.streams.wire.stats import summarize
+from trajbus.streams.client.snapshots import read_snapshots
 
 PAGE = Path(__file__).parent / "static" / "dashboard.html"
 

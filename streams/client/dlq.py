@@ -1,8 +1,8 @@
-"""The dead-letter queue contract: a record as received, plus why and where from.
+"""Dead letters: a record as received, plus why and where from (its headers: ``streams.wire.dlq``).
 
-Every component that cannot process a record writes it to ``{prefix}.dlq`` with
-these headers instead of dropping it, so nothing malformed disappears silently.
-A letter is built and told in one place (``DeadLetter``); clients that read with
+Every component that cannot process a record writes it to ``{prefix}.dlq``
+instead of dropping it, so nothing malformed disappears silently. A letter is
+built and told in one place (``DeadLetter``); clients that read with
 confluent-kafka write it with ``dead_letter``, the worker through its outbox
 (``streams.worker.outbox.Outbox.dead_letter``): the same record and log line either way.
 """
@@ -10,35 +10,13 @@ confluent-kafka write it with ``dead_letter``, the worker through its outbox
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from trajbus.streams.client.delivery import produce_acked
+from trajbus.streams.wire.dlq import dlq_headers
+from trajbus.streams.wire.headers import Headers
 from trajbus.streams.wire.topics import dlq_topic
-
-REASON = "trajbus-dlq-reason"
-SOURCE_TOPIC = "trajbus-dlq-source-topic"
-SOURCE_PARTITION = "trajbus-dlq-source-partition"
-SOURCE_OFFSET = "trajbus-dlq-source-offset"
-AT = "trajbus-dlq-at"
-
-Headers = list[tuple[str, bytes]]
-
-
-def dlq_headers(original: Headers | dict | None, reason: str, topic: str, partition: int, offset: int) -> Headers:
-    """The original headers followed by the DLQ headers."""
-    if isinstance(original, dict):
-        headers = list(original.items())
-    else:
-        headers = list(original or [])
-    return headers + [
-        (REASON, reason.encode()),
-        (SOURCE_TOPIC, topic.encode()),
-        (SOURCE_PARTITION, str(partition).encode()),
-        (SOURCE_OFFSET, str(offset).encode()),
-        (AT, f"{time.time():.3f}".encode()),
-    ]
 
 
 @dataclass(frozen=True)

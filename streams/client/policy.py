@@ -1,52 +1,27 @@
-"""The trainer's current policy version on ``{prefix}.policy`` (compacted).
+"""The trainer's current policy version on ``{prefix}.policy``: publishing it, and following it.
 
-Key: a channel name, or ``global`` for every channel: the version the trainer
-has reached. Key ``serving.<channel>`` or ``serving.global``: the version the
-inference engines serve, when their weights lag the trainer's (published by
-whatever syncs them); without one, engines are taken to serve the trainer's
-version. Value: UTF-8 JSON ``{"version": <int>, "published_at": <unix seconds>}``.
-Readers take the newest value of the channel's key, else of ``global``.
+The record, its keys and which key speaks for a channel are the wire's (``streams.wire.policy``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from confluent_kafka import TopicPartition
 from trajbus.infra.clients import acked_producer, reader
 
 from trajbus.streams.client.delivery import produce_acked
+from trajbus.streams.wire.headers import content_type_headers
+from trajbus.streams.wire.policy import (CONTENT_TYPE, GLOBAL, decode_policy_version, encode_policy_version,
+                                         policy_key, serving_version, trainer_version)
 from trajbus.streams.wire.topics import DEFAULT_PREFIX, policy_topic
 
 if TYPE_CHECKING:
     from trajbus.streams.client.weight_update import UpdateReport
 
 log = logging.getLogger(__name__)
-
-GLOBAL = "global"
-SERVING = "serving."
-"""Key prefix of the version the inference engines serve."""
-CONTENT_TYPE = "application/json; schema=trajbus.policy-version; v=1"
-
-
-def encode_policy_version(version: int) -> bytes:
-    if type(version) is not int:
-        raise ValueError(f"version: must be an integer, got {version!r}")
-    return json.dumps({"version": version, "published_at": time.time()}).encode()
-
-
-def decode_policy_version(value: bytes) -> int:
-    try:
-        version = json.loads(value)["version"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"not a policy version record: {exc}") from None
-    if type(version) is not int:
-        raise ValueError(f"policy version is not an integer: {version!r}")
-    return version
 
 
 class PolicyVersionPublisher:
@@ -57,7 +32,7 @@ class PolicyVersionPublisher:
                  timeout: float = 30.0, serving: bool = False) -> None:
         self.topic = policy_topic(prefix)
         self.channel = channel
-        self.key = f"{SERVING}{channel}" if serving else channel
+        self.key = policy_key(channel, serving)
         """``serving=True``: the version the engines serve (weight sync), not the trainer's."""
         self.timeout = timeout
         self._producer = acked_producer(bootstrap_servers, {"logger": log})
@@ -65,7 +40,7 @@ class PolicyVersionPublisher:
     def publish(self, version: int) -> None:
         # A refusal (e.g. the policy topic does not exist: provision the channel first) is a DeliveryError.
         produce_acked(self._producer, self.topic, [(self.key.encode(), encode_policy_version(version),
-                                                    [("content-type", CONTENT_TYPE.encode())])], self.timeout)
+                                                    content_type_headers(CONTENT_TYPE))], self.timeout)
 
     def update(self, version: int, load: Callable[[], object] | None = None, gateways: Sequence[str] = (),
                api_key: str | None = None, drain: bool = False) -> "UpdateReport":
@@ -116,13 +91,11 @@ class PolicyWatcher:
 
     def current(self, channel: str) -> int | None:
         """The trainer's newest version for ``channel`` (else ``global``), or None if none was published."""
-        version = self._versions.get(channel)
-        return self._versions.get(GLOBAL) if version is None else version
+        return trainer_version(self._versions, channel)
 
     def serving(self, channel: str) -> int | None:
         """The version the engines of ``channel`` serve: its ``serving.`` key, else the trainer's version."""
-        version = self._versions.get(SERVING + channel, self._versions.get(SERVING + GLOBAL))
-        return self.current(channel) if version is None else version
+        return serving_version(self._versions, channel)
 
     def versions(self) -> dict[str, int]:
         """Every key's newest version seen so far."""

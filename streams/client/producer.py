@@ -26,16 +26,17 @@ from typing import Any, Iterable, Mapping
 from confluent_kafka import KafkaException
 
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
-from trajbus.infra.topics import ensure_topics
 from trajbus.infra.clients import acked_producer
-from trajbus.infra.kafka_config import error_words
 from trajbus.infra.first_contact import CONNECT_TIMEOUT, first_contact
+from trajbus.infra.kafka_config import error_words
 from trajbus.infra.outage import KafkaUnreachable
+from trajbus.infra.topics import ensure_topics
 from trajbus.streams.client.delivery import DeliveryError, Poller, TopicsUnavailable
 from trajbus.streams.client.sender import RecordSender
+from trajbus.streams.client.topic_settings import TopicSettings
 from trajbus.streams.wire.prefix import DEFAULT_MEMORY_BYTES, PrefixEncoder
 from trajbus.streams.wire.records import END_STEPS, Step, TrajectoryEnd
-from trajbus.streams.wire.topics import DEFAULT_PREFIX, TopicSettings, steps_topic, validate_channel
+from trajbus.streams.wire.topics import DEFAULT_PREFIX, steps_topic, validate_channel
 
 __all__ = ["DeliveryError", "StepProducer", "TopicsUnavailable"]
 

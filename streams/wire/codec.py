@@ -17,8 +17,9 @@ from typing import Union
 
 import numpy as np
 
+from trajbus.streams.wire import headers
 from trajbus.streams.wire.prefix import (PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL,
-                                    StepDelta, StructuredGroup, structure)
+                                         StepDelta, StructuredGroup, structure)
 from trajbus.streams.wire.records import ChunkedGroup, ReadyGroup, Step, TrajectoryEnd
 from trajbus.streams.wire.versions import check_version_segments
 
@@ -37,8 +38,6 @@ CONTENT_TYPES = {
     KIND_READY_GROUP: "application/vnd.trajbus.ready-group",
     KIND_CHUNKED_GROUP: "application/vnd.trajbus.chunked-group",
 }
-HEADER_SCHEMA = "trajbus-schema-version"
-HEADER_CONTENT_TYPE = "content-type"
 
 FLAG_IS_LAST = 0x01
 FLAG_HAS_LOG_PROBS = 0x02
@@ -180,11 +179,11 @@ def preamble(kind: int) -> bytes:
     return _PREAMBLE.pack(MAGIC, SCHEMA_VERSION, kind)
 
 
-def headers_for(record: Record) -> list[tuple[str, bytes]]:
+def headers_for(record: Record) -> headers.Headers:
     """Kafka headers that name the schema version and content type of a value."""
     return [
-        (HEADER_SCHEMA, str(SCHEMA_VERSION).encode()),
-        (HEADER_CONTENT_TYPE, f"{CONTENT_TYPES[kind_of(record)]}; v={SCHEMA_VERSION}".encode()),
+        (headers.SCHEMA, str(SCHEMA_VERSION).encode()),
+        (headers.CONTENT_TYPE, f"{CONTENT_TYPES[kind_of(record)]}; v={SCHEMA_VERSION}".encode()),
     ]
 
 

@@ -1,4 +1,4 @@
-"""Topic names, channel names, and the one settings object that sizes the topics.
+"""Topic names and channel names: where each record of the wire contract lives.
 
 ``{prefix}.steps.{channel}``  step events, key = prompt_uid
 ``{prefix}.groups.{channel}`` ready prompt groups; retention is the backpressure
@@ -9,16 +9,15 @@
 ``{prefix}.dlq``              records that could not be processed, with the reason
 ``{prefix}.stats``            statistics snapshots of the stream workers (compacted)
 ``{prefix}.traces``           spans of the components that trace (``--tracing kafka``, read by ``trajbus trace``)
+
+Their partition counts and configs are ``streams.client.topic_settings.TopicSettings``.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass
 from typing import Iterable
-
-from trajbus.infra.topics import CLUSTER_DEFAULT, TopicSpec
 
 DEFAULT_PREFIX = "trajbus"
 DEFAULT_CHANNELS = ("train", "val")
@@ -123,104 +122,3 @@ def channel_of(topic: str, prefix: str = DEFAULT_PREFIX) -> str:
         if topic.startswith(head):
             return validate_channel(topic[len(head):])
     raise ValueError(f"topic {topic!r} is not a trajbus steps or groups topic under prefix {prefix!r}")
-
-
-_MiB = 1024 * 1024
-_HOUR_MS = 3600 * 1000
-
-
-@dataclass(frozen=True)
-class TopicSettings:
-    """Partition counts and topic configs of every trajbus topic.
-
-    ``groups_partitions`` is 1 by default: one log per channel is what makes the
-    trainer's view FIFO by readiness, and one partition carries far more groups
-    per second than any trainer consumes. The groups topic's retention bounds
-    (time and size) are enforced by the broker: stale data ages out whatever the
-    producers do. Segments roll every minute so that those bounds bite promptly.
-
-    The partition counts size the topics these settings create; an existing topic keeps
-    its count (``infra.topics``: only ``trajbus topics --create`` with the flag raises one).
-
-    ``replication_factor`` and ``min_insync_replicas`` are the cluster's defaults unless
-    set (None): a managed cluster's topics get its replication, the embedded single
-    broker's get one replica.
-    """
-
-    prefix: str = DEFAULT_PREFIX
-    steps_partitions: int = 8
-    groups_partitions: int = 1
-    replication_factor: int | None = None
-    min_insync_replicas: int | None = None
-    max_message_bytes: int = 16 * _MiB
-    steps_retention_ms: int = 7 * 24 * _HOUR_MS
-    groups_retention_ms: int = 6 * _HOUR_MS
-    groups_retention_bytes: int = 1024 * _MiB
-    groups_segment_ms: int = 60 * 1000
-    groups_segment_bytes: int = 64 * _MiB
-    dlq_retention_ms: int = 7 * 24 * _HOUR_MS
-    traces_retention_ms: int = 7 * 24 * _HOUR_MS
-
-    def __post_init__(self) -> None:
-        validate_prefix(self.prefix)
-        for name in ("steps_partitions", "groups_partitions", "replication_factor", "min_insync_replicas"):
-            value = getattr(self, name)
-            if value is not None and (type(value) is not int or value < 1):
-                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
-        if None not in (self.replication_factor, self.min_insync_replicas) and \
-                self.min_insync_replicas > self.replication_factor:
-            raise ValueError(f"min_insync_replicas: {self.min_insync_replicas} is above the replication factor "
-                             f"{self.replication_factor}: no write could be acknowledged")
-
-    def spec(self, name: str, partitions: int, config: dict[str, str]) -> TopicSpec:
-        """A topic with this settings' replication (the cluster's defaults where unset)."""
-        if self.min_insync_replicas is not None:
-            config = {**config, "min.insync.replicas": str(self.min_insync_replicas)}
-        return TopicSpec(name, partitions, config, self.replication_factor or CLUSTER_DEFAULT)
-
-    def table_spec(self, name: str, partitions: int) -> TopicSpec:
-        """The changelog of a worker's table: compacted, replicated like every other topic."""
-        return self.spec(name, partitions, {"cleanup.policy": "compact",
-                                            "max.message.bytes": str(self.max_message_bytes)})
-
-    def channel_specs(self, channel: str) -> list[TopicSpec]:
-        """The topics every channel has. Chunks are kept as long as the groups that name them; the prompt
-        ledger is one ordered log, compacted (never deleted by age: it is the data sources' state)."""
-        common = {"max.message.bytes": str(self.max_message_bytes)}
-        queue = {
-            **common,
-            "cleanup.policy": "delete",
-            "retention.ms": str(self.groups_retention_ms),
-            "retention.bytes": str(self.groups_retention_bytes),
-            "segment.ms": str(self.groups_segment_ms),
-            "segment.bytes": str(self.groups_segment_bytes),
-        }
-        return [
-            self.spec(steps_topic(channel, self.prefix), self.steps_partitions, {
-                **common, "retention.ms": str(self.steps_retention_ms), "cleanup.policy": "delete",
-            }),
-            self.spec(groups_topic(channel, self.prefix), self.groups_partitions, queue),
-            self.spec(chunks_topic(channel, self.prefix), self.groups_partitions, queue),
-            self.spec(prompts_topic(channel, self.prefix), 1, {**common, "cleanup.policy": "compact"}),
-        ]
-
-    def trained_spec(self, channel: str) -> TopicSpec:
-        """The trained log: one ordered partition, never deleted by age or size (a run's audit reads it whole)."""
-        return self.spec(trained_topic(channel, self.prefix), 1, {"cleanup.policy": "delete", "retention.ms": "-1",
-                                                                  "retention.bytes": "-1"})
-
-    def shared_specs(self) -> list[TopicSpec]:
-        """The topics shared by all channels."""
-        return [
-            self.spec(policy_topic(self.prefix), 1, {"cleanup.policy": "compact"}),
-            self.spec(dlq_topic(self.prefix), 1, {
-                "max.message.bytes": str(self.max_message_bytes),
-                "retention.ms": str(self.dlq_retention_ms),
-            }),
-            self.spec(stats_topic(self.prefix), 1, {"cleanup.policy": "compact"}),
-            self.spec(traces_topic(self.prefix), 1, {"cleanup.policy": "delete",
-                                                     "retention.ms": str(self.traces_retention_ms)}),
-        ]
-
-    def specs(self, channels: tuple[str, ...] | list[str] = DEFAULT_CHANNELS) -> list[TopicSpec]:
-        return self.shared_specs() + [spec for channel in channels for spec in self.channel_specs(channel)]

@@ -33,7 +33,7 @@ from trajbus.streams.wire.prefix import StepDelta, step_of, with_step
 from trajbus.streams.wire.records import ReadyGroup, Step, TrajectoryEnd
 
 
-class Outcome(str, Enum):
+class EventEffect(str, Enum):
     """What one event did to its group; everything but ACCEPTED/READY is counted."""
 
     ACCEPTED = "accepted"
@@ -62,26 +62,26 @@ class PendingGroup:
     """Source offset of the newest event applied: a replayed event at or below it is a duplicate."""
 
     # -- updates ---------------------------------------------------------------
-    def add(self, event: Step | TrajectoryEnd, offset: int, default_n_rollouts: int) -> Outcome:
+    def add(self, event: Step | TrajectoryEnd, offset: int, default_n_rollouts: int) -> EventEffect:
         """Apply ``event``, read at source ``offset``."""
         if event.n_rollouts is not None:
             self.n_rollouts = event.n_rollouts
         if isinstance(event, Step):
             steps = self.trajectories.setdefault(event.trajectory_uid, {})
             if event.step_index in steps:
-                return Outcome.DUPLICATE
+                return EventEffect.DUPLICATE
             steps[event.step_index] = offset
             if event.is_last:
                 self.closed.add(event.trajectory_uid)
         else:
             if event.trajectory_uid not in self.trajectories:
-                return Outcome.UNKNOWN_TRAJECTORY
+                return EventEffect.UNKNOWN_TRAJECTORY
             if event.trajectory_uid in self.ended:
-                return Outcome.DUPLICATE
+                return EventEffect.DUPLICATE
             self.ended[event.trajectory_uid] = event.reward
             if event.steps is not None:
                 self.members[event.trajectory_uid] = sorted(event.steps)
-        return Outcome.READY if self.is_ready(default_n_rollouts) else Outcome.ACCEPTED
+        return EventEffect.READY if self.is_ready(default_n_rollouts) else EventEffect.ACCEPTED
 
     # -- queries ---------------------------------------------------------------
     def expected_size(self, default_n_rollouts: int) -> int:

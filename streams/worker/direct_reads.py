@@ -3,7 +3,8 @@
 Faust delivers what it delivers; the worker reads a range itself where Faust skipped it
 (``recovery.PartitionRecovery.apply_range``), and a new owner of a source partition reads
 the groups topic past the table's watermark for what an earlier owner emitted
-(``emitted_past``): each group carries its source partition and offset in headers.
+(``emitted_past``): each group carries its source partition and offset in headers
+(``streams.wire.headers.source_headers``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,9 @@ from dataclasses import dataclass
 
 from trajbus.infra.clients import reader
 from trajbus.infra.topics import describe_topics, end_offsets_of, read_partition
+from trajbus.streams.wire.headers import source_of
 
 log = logging.getLogger("trajbus.worker")
-
-SOURCE_PARTITION = "trajbus-source-partition"
-SOURCE_OFFSET = "trajbus-source-offset"
-"""Headers of an emitted group: the source partition and the offset of its last event."""
 
 
 @dataclass(frozen=True)
@@ -55,9 +53,9 @@ def emitted_past(bootstrap_servers: str, topic: str, partition: int,
         if start >= high:
             continue
         for record in read_range(bootstrap_servers, topic, p, start, high):
-            headers = dict(record.headers)
-            if headers.get(SOURCE_PARTITION) == str(partition).encode():
-                found[record.key.decode()] = (p, record.offset, int(headers[SOURCE_OFFSET]))
+            source = source_of(dict(record.headers))
+            if source is not None and source[0] == partition:
+                found[record.key.decode()] = (p, record.offset, source[1])
     return found
 
 

@@ -5,7 +5,8 @@
   behind the table;
 - each emitted group carries its source partition and offset in headers, and
   the table keeps a per-partition watermark of the groups-topic offsets it has
-  recorded (``AssemblyState.advance_watermark``), which recovery reads past (``streams.worker.recovery``);
+  recorded (``AssemblyState.advance_watermark``), which reconciliation reads past
+  (``streams.worker.reconciliation``);
 - the group record is built from the steps as stored (schema v2 deltas are kept as
   they are, ``prefix.regroup``): no prompt is rebuilt, so emitting costs the group's
   distinct tokens;
@@ -31,22 +32,21 @@ from trajbus.streams.wire import chunks
 
 from trajbus.streams.wire import codec
 
-from trajbus.streams.wire import ledger
-from trajbus.streams.worker.assembly import PendingGroup
-from trajbus.streams.worker.bodies import StepBodies
-from trajbus.infra.tracing import GROUP_TRACEPARENTS
-from trajbus.streams.worker.direct_reads import SOURCE_OFFSET, SOURCE_PARTITION
 from trajbus.streams.client.dlq import DeadLetter
-from trajbus.streams.worker.filters import judge
-from trajbus.streams.worker.outbox import Placed, Sends
+from trajbus.streams.wire import ledger
+from trajbus.streams.wire.headers import GROUP_TRACEPARENTS, source_headers
 from trajbus.streams.wire.prefix import PrefixError, StepDelta, regroup, resolve_group
 from trajbus.streams.wire.records import ChunkedGroup, ReadyGroup, TrajectoryEnd
+from trajbus.streams.wire.topics import steps_topic
+from trajbus.streams.worker.assembly import PendingGroup
+from trajbus.streams.worker.bodies import StepBodies
+from trajbus.streams.worker.filters import judge
+from trajbus.streams.worker.outbox import Placed, Sends
 from trajbus.streams.worker.settings import WorkerSettings
 from trajbus.streams.worker.settlement import Settlement
 from trajbus.streams.worker.state_store import AssemblyState
 from trajbus.streams.worker.stats import WorkerMetrics
 from trajbus.streams.worker.traces import StepTraces
-from trajbus.streams.wire.topics import steps_topic
 
 log = logging.getLogger("trajbus.worker")
 
@@ -164,9 +164,7 @@ class GroupEmission:
                    manifest: ChunkedGroup | None = None) -> tuple[int, int]:
         """Write the group (``value``: its record, or the ``manifest`` of its chunks) and wait for the
         broker's acknowledgement; returns (partition, offset)."""
-        headers = codec.headers_for(manifest or ready) + [
-            (SOURCE_PARTITION, str(partition).encode()), (SOURCE_OFFSET, str(group.last_offset).encode()),
-        ]
+        headers = codec.headers_for(manifest or ready) + source_headers(partition, group.last_offset)
         if self.traces is not None:  # each trajectory's emit span, for the trainer's fetch
             headers.append((GROUP_TRACEPARENTS, self.traces.start_emit(group.channel, ready.prompt_uid,
                                                                        ready.trajectory_uids)))

@@ -13,11 +13,12 @@ from typing import Any, Iterable, Protocol
 
 import faust
 
+from trajbus.streams.client.dlq import DeadLetter
 from trajbus.streams.wire import ledger
-from trajbus.streams.client.dlq import DeadLetter, Headers
+from trajbus.streams.wire.headers import Headers, content_type_headers
+from trajbus.streams.wire.topics import chunks_topic, dlq_topic, groups_topic, prompts_topic
 from trajbus.streams.worker.settings import WorkerSettings
 from trajbus.streams.worker.stats import WorkerMetrics
-from trajbus.streams.wire.topics import chunks_topic, dlq_topic, groups_topic, prompts_topic
 
 log = logging.getLogger("trajbus.worker")
 
@@ -67,7 +68,7 @@ class Outbox:
     async def outcome(self, channel: str, outcome: ledger.Outcome) -> None:
         key, value = ledger.encode_record(outcome)
         await (await self.ledgers[channel].send(key=key, value=value,
-                                                headers=[("content-type", ledger.CONTENT_TYPE.encode())]))
+                                                headers=content_type_headers(ledger.CONTENT_TYPE)))
 
     async def dead_letter(self, channel: str, letter: DeadLetter) -> None:
         """The worker's one dead-letter writer: the letter, acknowledged, counted and told."""

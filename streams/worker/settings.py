@@ -4,29 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from trajbus.infra.arguments import positive_float, positive_int
 from trajbus.infra.declared import setting
+from trajbus.infra.dotted import import_dotted
 from trajbus.infra.shared_settings import outage_limit_setting, tracing_setting
-from trajbus.streams.wire.topics import DEFAULT_CHANNELS, TopicSettings, validate_channel
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.wire.topics import DEFAULT_CHANNELS, validate_channel
 
 STALE_ACTIONS = ("drop", "tag")
 ENV_PREFIX = "TRAJBUS_WORKER_"
 """The worker's settings (its own and the channels' defaults) as environment variables."""
-
-
-def import_dotted(path: str, what: str = "group_filter") -> Any:
-    """``package.module:attr`` or ``package.module.attr`` -> the object; ``ValueError`` naming ``what``."""
-    module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"{what}: {path!r} is not a dotted path like package.module.function")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"{what}: cannot import {path!r} ({exc})") from None
 
 
 @dataclass(frozen=True)
@@ -80,7 +70,7 @@ class ChannelSettings:
     def load_group_filter(self) -> Callable | None:
         if self.group_filter is None:
             return None
-        function = import_dotted(self.group_filter)
+        function = import_dotted(self.group_filter, "group_filter")
         if not callable(function):
             raise ValueError(f"group_filter: {self.group_filter!r} is not callable")
         return function

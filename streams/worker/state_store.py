@@ -4,7 +4,7 @@ Every key and value of the table is built and read here, nowhere else (quix-stre
 get, set and encoding behind one ``State`` the same way). A key is
 ``{partition}|{kind}|{channel}|{prompt_uid}`` (``StateKey``): it starts with its source
 partition, so writes made outside an event (timeouts) still land in that partition's
-changelog partition (``faust_app.PartitionKeyedTable`` reads it back with ``partition_of``),
+changelog partition (``faust_classes.PartitionKeyedTable`` routes each key by ``partition_of``),
 and all state of a partition is ordered in one changelog partition. The kinds:
 
 - ``g`` a pending group's step index (``PendingGroup.encode``);

@@ -1,29 +1,23 @@
-"""The stream processor's statistics: Prometheus metrics, and snapshots on Kafka.
+"""The stream processor's statistics: its Prometheus metrics.
 
 The Prometheus registry is the one source of truth. Every few seconds each
 worker also writes a snapshot of it to ``{prefix}.stats`` (compacted, keyed by
-worker id), so ``trajbus stats`` can add up all workers with nothing but Kafka.
-
-A worker is live while its snapshots are recent (``LIVE_WITHIN``); one that stops says so in its last
-snapshot (``"stopped": true``), and a gateway that stops writes a tombstone, so neither counts as live
-for the ``LIVE_WITHIN`` seconds after it is gone.
+worker id; the record and how snapshots add up: ``streams.wire.stats``), so
+``trajbus stats`` can add up all workers with nothing but Kafka.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
-from collections import defaultdict
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from trajbus.streams.wire.stats import snapshot_of
+
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32, float("inf"))
-LIVE_WITHIN = 30.0
-"""Seconds a snapshot speaks for a running worker: many of its ``--stats-interval``s, so a busy worker
-whose snapshot is late still counts."""
 
 
 class WorkerMetrics:
@@ -85,118 +79,4 @@ class WorkerMetrics:
         ``stopped``: the worker's last, which ends its liveness at once."""
         samples = [[s.name, s.labels, s.value] for metric in self.registry.collect() for s in metric.samples
                    if not s.name.endswith("_created")]
-        snapshot = {"worker_id": self.worker_id, "updated_at": time.time(), "samples": samples}
-        return {**snapshot, "stopped": True} if stopped else snapshot
-
-
-def is_live(snapshot: dict[str, Any], now: float, live_within: float = LIVE_WITHIN) -> bool:
-    """Whether the snapshot's writer runs: it wrote within ``live_within`` seconds, and not as it stopped."""
-    return not snapshot.get("stopped", False) and now - snapshot["updated_at"] <= live_within
-
-
-def summarize(snapshots: list[dict[str, Any]], live_within: float = LIVE_WITHIN) -> dict[str, dict[str, Any]]:
-    """Per channel: counters summed over every worker, gauges summed over live workers only."""
-    now = time.time()
-    channels: dict[str, dict[str, Any]] = defaultdict(lambda: defaultdict(float))
-    for snapshot in snapshots:
-        live = is_live(snapshot, now, live_within)
-        for name, labels, value in snapshot["samples"]:
-            channel = labels.get("channel")
-            if channel is None:
-                continue
-            row = channels[channel]
-            short = name
-            for prefix in ("trajbus_worker_", "trajbus_groups_", "trajbus_gateway_"):
-                short = short.removeprefix(prefix)
-            if name.endswith("_total"):
-                detail = labels.get("kind") or labels.get("outcome") or labels.get("reason")
-                key = short.removesuffix("_total") + (f"[{detail}]" if detail else "")
-                row[key] += value
-            elif name.endswith("_bucket"):
-                row.setdefault("staleness_le", defaultdict(float))[labels["le"]] += value
-            elif name.endswith(("_count", "_sum")):
-                row[short] += value
-            elif live:
-                if short in ("queue_depth", "policy_version"):
-                    row[short] = max(row.get(short, value), value)
-                else:
-                    row[short] += value
-    return {c: dict(v) for c, v in channels.items()}
-
-
-def held_partitions(snapshots: list[dict[str, Any]], live_within: float = LIVE_WITHIN
-                    ) -> dict[str, dict[str, list[int]]]:
-    """Worker id -> channel -> the steps partitions it holds, for each live worker (one holding none: ``{}``)."""
-    now = time.time()
-    held: dict[str, dict[str, list[int]]] = {}
-    for snapshot in snapshots:
-        if not is_live(snapshot, now, live_within):
-            continue
-        mine = held.setdefault(snapshot["worker_id"], {})
-        for name, labels, value in snapshot["samples"]:
-            if name == "trajbus_worker_partitions_held" and value:
-                mine.setdefault(labels["channel"], []).append(int(labels["partition"]))
-        for partitions in mine.values():
-            partitions.sort()
-    return held
-
-
-def encode_snapshot(snapshot: dict[str, Any]) -> bytes:
-    return json.dumps(snapshot).encode()
-
-
-def decode_snapshot(value: bytes) -> dict[str, Any]:
-    return json.loads(value)
-
-
-def read_snapshots(bootstrap_servers: str, prefix: str, timeout: float = 10.0) -> list[dict[str, Any]]:
-    """The newest snapshot of every worker that ever wrote one (and no tombstone after it), read from the
-    compacted stats topic."""
-    from confluent_kafka import TopicPartition
-
-    from trajbus.infra.clients import reader
-    from trajbus.infra.topics import watermarks
-    from trajbus.streams.wire.topics import stats_topic
-
-    topic = stats_topic(prefix)
-    consumer = reader(bootstrap_servers, {"group.id": f"{prefix}.stats-reader"})
-    latest: dict[bytes, dict[str, Any]] = {}
-    try:
-        metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            return []
-        assignment = []
-        ends = {}
-        for p in metadata.partitions:
-            low, high = watermarks(consumer, TopicPartition(topic, p), timeout)
-            if high > low:
-                assignment.append(TopicPartition(topic, p, low))
-                ends[p] = high
-        consumer.assign(assignment)
-        deadline = time.monotonic() + timeout
-        while ends and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None or message.error():
-                continue
-            if message.value() is None:  # a tombstone: its writer stopped (a gateway)
-                latest.pop(message.key(), None)
-            else:
-                latest[message.key()] = decode_snapshot(message.value())
-            if message.offset() + 1 >= ends.get(message.partition(), 0):
-                ends.pop(message.partition(), None)
-    finally:
-        consumer.close()
-    return list(latest.values())
-
-
-def applied_positions(snapshots: list[dict[str, Any]], pids: set[int]) -> dict[tuple[str, int], float]:
-    """(channel, source partition) -> next offset to apply, the furthest any worker of ``pids`` published:
-    what those workers have applied, to compare with the steps topics' ends."""
-    positions: dict[tuple[str, int], float] = {}
-    for snapshot in snapshots:
-        if any(f"-{pid}-" in snapshot["worker_id"] for pid in pids):
-            for name, labels, value in snapshot["samples"]:
-                if name == "trajbus_worker_source_position":
-                    key = (labels["channel"], int(labels["partition"]))
-                    positions[key] = max(value, positions.get(key, 0))
-    return positions
+        return snapshot_of(self.worker_id, samples, stopped)

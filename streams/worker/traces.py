@@ -13,13 +13,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterable, Iterator
 
-import orjson
 from cachetools import LRUCache
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from trajbus.infra import tracing
+from trajbus.streams.wire.headers import encode_traceparents
 
 REMEMBERED = 100_000
 """Trajectories whose last applied context is kept (about 200 bytes each)."""
@@ -53,8 +53,8 @@ class StepTraces:
         ``trajbus-traceparents`` header value naming them."""
         spans = {uid: self._emit_span(channel, prompt_uid, uid) for uid in uids}
         self._emitting[(channel, prompt_uid)] = spans
-        return orjson.dumps({uid: tracing.traceparent(trace.set_span_in_context(span))
-                             for uid, span in spans.items()})
+        return encode_traceparents({uid: tracing.traceparent(trace.set_span_in_context(span))
+                                    for uid, span in spans.items()})
 
     def end_emit(self, channel: str, prompt_uid: str, uids: Iterable[str], outcome: str,
                  placed: tuple[int, int] | None = None) -> None:

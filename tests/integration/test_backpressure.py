@@ -6,7 +6,8 @@ from trajbus.consumers import BatchConsumer
 from trajbus.infra.group_lag import consumer_group_lag
 from trajbus.infra.topics import describe_topics
 from trajbus.streams.client.producer import StepProducer
-from trajbus.streams.worker.stats import read_snapshots, summarize
+from trajbus.streams.wire.stats import summarize
+from trajbus.streams.client.snapshots import read_snapshots
 from trajbus.streams.wire.topics import groups_topic, trainer_group_id
 from trajbus.pipelines.synthetic import make_groups
 from tests.helpers import read_to_end, wait_for

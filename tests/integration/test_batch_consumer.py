@@ -10,7 +10,8 @@ from trajbus.consumers.backends import VerlBackend
 from trajbus.infra.topics import describe_topics, ensure_topics
 from trajbus.pipelines.synthetic import make_groups
 from trajbus.streams.client.producer import StepProducer
-from trajbus.streams.wire.topics import TopicSettings, groups_topic
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.wire.topics import groups_topic
 from tests.helpers import fetch_groups, through_worker, wait_for
 
 

@@ -14,8 +14,9 @@ from confluent_kafka import Producer
 
 from trajbus.infra.terminal import SIGPIPE_EXIT
 from trajbus.infra.topics import TopicSpec, ensure_topics
-from trajbus.streams.worker.stats import is_live, read_snapshots
 from trajbus.streams.wire.topics import stats_topic
+from trajbus.streams.wire.stats import is_live
+from trajbus.streams.client.snapshots import read_snapshots
 from tests.helpers import trajbus, wait_for
 
 

@@ -25,9 +25,10 @@ from trajbus.infra.kafka_cluster import EmbeddedCluster
 from trajbus.infra.topics import ensure_topics
 from trajbus.pipelines.processes import worker_process
 from trajbus.pipelines.synthetic import group_steps
-from trajbus.streams.worker.assembler import STATE_TABLE
 from trajbus.streams.client.producer import StepProducer
-from trajbus.streams.wire.topics import TopicSettings, dlq_topic, groups_topic, steps_topic
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.wire.topics import dlq_topic, groups_topic, steps_topic
+from trajbus.streams.worker.assembler import STATE_TABLE
 from tests.helpers import end_offsets, flowing, read_to_end, wait_for
 from tests.integration.test_verl_queue_crash import assert_trained_once, end_the_epoch, lines, mid_mini_batch, role
 

@@ -8,12 +8,12 @@ import pytest
 from confluent_kafka import Producer
 
 from trajbus.consumers import BatchConsumer
-from trajbus.streams.wire import codec
-from trajbus.streams.client.dlq import REASON, SOURCE_OFFSET, SOURCE_TOPIC
+from trajbus.pipelines.synthetic import group_steps, interleave
 from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.dlq import REASON, SOURCE_OFFSET, SOURCE_TOPIC
 from trajbus.streams.wire.records import Step
 from trajbus.streams.wire.topics import dlq_topic, steps_topic
-from trajbus.pipelines.synthetic import group_steps, interleave
 from tests.helpers import end_offsets, fetch_groups, read_topic, settle_workers
 
 

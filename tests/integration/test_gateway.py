@@ -16,8 +16,9 @@ from trajbus.infra.tiny_model import WEATHER_TOOL
 from trajbus.infra.topics import describe_topics, ensure_topics
 from trajbus.streams.client.policy import PolicyVersionPublisher
 from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.client.topic_settings import TopicSettings
 from trajbus.streams.wire.records import Step, TrajectoryEnd
-from trajbus.streams.wire.topics import TopicSettings, steps_topic
+from trajbus.streams.wire.topics import steps_topic
 from tests.helpers import decode_step_events, end_offsets, fetch_groups, read_topic, wait_for
 
 REWARD_FN = "tests.gateway_rewards:exact_match"

@@ -24,8 +24,9 @@ from trajbus.consumers.backends import VerlBackend
 from trajbus.gateway.errors import RETRY_SECONDS
 from trajbus.infra.topics import ensure_topics
 from trajbus.pipelines.processes import free_port, gateway_process, wait_http, worker_process
+from trajbus.streams.client.topic_settings import TopicSettings
 from trajbus.streams.wire.records import CONTINUES, Step, TrajectoryEnd
-from trajbus.streams.wire.topics import TopicSettings, steps_topic
+from trajbus.streams.wire.topics import steps_topic
 from tests.helpers import decode_step_events, fetch_groups, read_to_end, wait_for
 
 PUBLISH_TIMEOUT = "3"

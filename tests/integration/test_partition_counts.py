@@ -12,8 +12,9 @@ from kafka.partitioner.default import murmur2
 from trajbus.consumers import BatchConsumer
 from trajbus.infra.topics import describe_topics, ensure_topics
 from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.client.topic_settings import TopicSettings
 from trajbus.streams.wire.records import Step
-from trajbus.streams.wire.topics import TopicSettings, steps_topic
+from trajbus.streams.wire.topics import steps_topic
 from tests.helpers import read_topic, trajbus, wait_for
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from trajbus.pipelines.data_source import DataSourceArgs, RolloutDataSource
 from trajbus.consumers import BatchConsumer
+from trajbus.pipelines.data_source import DataSourceArgs, RolloutDataSource
 from trajbus.pipelines.ledger import PromptLedger
-from trajbus.pipelines.training_state import TrainingState
 from trajbus.pipelines.processes import ServiceProcess
+from trajbus.pipelines.training_state import TrainingState
 from trajbus.streams.wire.ledger import Dispatch, LedgerError
 from trajbus.streams.wire.topics import dlq_topic, prompts_topic
 from tests.helpers import audit_report, read_to_end, wait_for
@@ -150,7 +150,7 @@ def test_roll_scheduler_resumes_from_the_ledger_and_the_worker_settles_what_was_
         bootstrap_servers, prefix, start_worker):
     from trajbus.pipelines.env_manager import EpisodeScheduler, roll_prompt_uid
     from trajbus.streams.client.producer import StepProducer
-    from trajbus.streams.wire.topics import TopicSettings
+    from trajbus.streams.client.topic_settings import TopicSettings
 
     start_worker(n_rollouts=2)
 

@@ -13,10 +13,11 @@ from confluent_kafka import Producer
 
 from trajbus.consumers.backends import VerlBackend
 from trajbus.consumers.replay import Replay
+from trajbus.infra.topics import ensure_topics
 from trajbus.pipelines.processes import ServiceProcess
 from trajbus.streams.client.producer import StepProducer
-from trajbus.infra.topics import ensure_topics
-from trajbus.streams.wire.topics import TopicSettings, groups_topic, trained_topic
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.wire.topics import groups_topic, trained_topic
 from tests.helpers import audit_report, read_to_end, trajbus, wait_for
 from tests.step_trainer import BACKEND, RUN
 

@@ -20,17 +20,19 @@ from confluent_kafka import Producer
 from trajbus.consumers import BatchConsumer
 from trajbus.consumers.replay import Replay
 from trajbus.infra.local import free_port
+from trajbus.infra.topics import ensure_topics
 from trajbus.pipelines.processes import worker_process
-from trajbus.streams.wire import codec
-from trajbus.streams.client.dlq import REASON, SOURCE_TOPIC
-from trajbus.streams.wire.prefix import PROMPT_EXTENDS_STEP, StepDelta
+from trajbus.pipelines.synthetic import group_steps
 from trajbus.streams.client.policy import PolicyVersionPublisher
 from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.wire import codec
+from trajbus.streams.wire.dlq import REASON, SOURCE_TOPIC
+from trajbus.streams.wire.prefix import PROMPT_EXTENDS_STEP, StepDelta
 from trajbus.streams.wire.records import ChunkedGroup, ReadyGroup, Step
-from trajbus.streams.worker.stats import read_snapshots, summarize
-from trajbus.streams.wire.topics import TopicSettings, dlq_topic, groups_topic, steps_topic
-from trajbus.infra.topics import ensure_topics
-from trajbus.pipelines.synthetic import group_steps
+from trajbus.streams.wire.topics import dlq_topic, groups_topic, steps_topic
+from trajbus.streams.wire.stats import summarize
+from trajbus.streams.client.snapshots import read_snapshots
 from tests.helpers import fetch_groups, read_to_end, trajbus, wait_for
 
 CHANNELS = "train,stale,tagged,flat,custom,timeout,big"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 from trajbus.infra.topics import describe_topics, ensure_topics
-from trajbus.streams.wire.topics import TopicSettings, chunks_topic, groups_topic, policy_topic, prompts_topic, steps_topic
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.wire.topics import chunks_topic, groups_topic, policy_topic, prompts_topic, steps_topic
 from tests.helpers import trajbus
 
 

@@ -14,10 +14,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from trajbus.infra.clients import acked_producer
 from trajbus.infra.topics import ensure_topics
 from trajbus.infra.trace_export import KafkaSpanExporter
+from trajbus.streams.client.chunks import produce_group
 from trajbus.streams.client.producer import StepProducer
-from trajbus.streams.wire.chunks import produce_group
+from trajbus.streams.client.topic_settings import TopicSettings
 from trajbus.streams.wire.records import ReadyGroup, Step
-from trajbus.streams.wire.topics import TopicSettings, chunks_topic, groups_topic, steps_topic, traces_topic
+from trajbus.streams.wire.topics import chunks_topic, groups_topic, steps_topic, traces_topic
 from tests.helpers import trajbus
 
 MS = 1_000_000

@@ -29,7 +29,8 @@ def test_the_documented_plain_kafka_subscriber_decodes_steps_and_groups(bootstra
     from confluent_kafka import Producer
 
     from trajbus.pipelines.synthetic import make_groups
-    from trajbus.streams.wire.chunks import RECORD_OVERHEAD, produce_group
+    from trajbus.streams.client.chunks import produce_group
+    from trajbus.streams.wire.chunks import RECORD_OVERHEAD
     from trajbus.streams.wire.records import ReadyGroup
     from trajbus.streams.wire.topics import chunks_topic, groups_topic
     from trajbus.streams.client.producer import StepProducer

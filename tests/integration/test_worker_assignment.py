@@ -18,8 +18,10 @@ from trajbus.infra.kafka_broker import EmbeddedKafka
 from trajbus.pipelines.processes import ServiceProcess, worker_process
 from trajbus.pipelines.synthetic import group_steps
 from trajbus.streams.client.producer import StepProducer
-from trajbus.streams.worker.stats import held_partitions, read_snapshots
-from trajbus.streams.wire.topics import TopicSettings, dlq_topic
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.wire.topics import dlq_topic
+from trajbus.streams.wire.stats import held_partitions
+from trajbus.streams.client.snapshots import read_snapshots
 from tests.helpers import assert_exactly_the_groups_sent, end_offsets, fetch_groups, wait_for
 
 SUBSCRIBED = "Subscribed to topic(s)"

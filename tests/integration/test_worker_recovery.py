@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trajbus.consumers import BatchConsumer
 from trajbus.streams.client.producer import StepProducer
-from trajbus.streams.worker.stats import read_snapshots
+from trajbus.streams.client.snapshots import read_snapshots
 from trajbus.streams.wire.topics import groups_topic
 from trajbus.pipelines.synthetic import make_groups
 from tests.helpers import assert_exactly_the_groups_sent, end_offsets, fetch_groups, settle_workers, wait_for

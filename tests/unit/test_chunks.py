@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trajbus.streams.wire import codec
+from trajbus.streams.wire import codec, headers
 from trajbus.streams.wire.chunks import RECORD_OVERHEAD, fits, join, manifest, split
 from trajbus.streams.wire.records import ChunkedGroup, ReadyGroup, Step
 
@@ -33,7 +33,7 @@ def test_a_value_is_cut_into_pieces_that_each_fit_and_join_back_exactly():
 def test_a_manifest_round_trips_through_the_codec_with_its_own_content_type():
     record = ChunkedGroup("g", "p.chunks.train", 2, [5, 6, 900], 123_456, 0xDEADBEEF)
     assert codec.decode(codec.encode(record)) == record
-    assert dict(codec.headers_for(record))[codec.HEADER_CONTENT_TYPE].startswith(
+    assert dict(codec.headers_for(record))[headers.CONTENT_TYPE].startswith(
         b"application/vnd.trajbus.chunked-group")
 
 

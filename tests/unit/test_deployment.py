@@ -15,9 +15,9 @@ from trajbus.infra.declared import declared_fields, env_var
 from trajbus.infra.kafka_config import CONFIG_FILE_VAR, ENV_PREFIX as KAFKA_ENV
 from trajbus.pipelines.cli import build_parser
 from trajbus.pipelines.demo_config import load_demo_config
-from trajbus.streams.worker.settings import ENV_PREFIX as WORKER_ENV
+from trajbus.streams.client.topic_settings import TopicSettings
 from trajbus.streams.worker.settings import ChannelSettings, WorkerSettings
-from trajbus.streams.wire.topics import TopicSettings
+from trajbus.streams.worker.settings import ENV_PREFIX as WORKER_ENV
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from trajbus.streams.wire import chunks, codec, ledger
-from trajbus.streams.worker.direct_reads import SOURCE_OFFSET, SOURCE_PARTITION
+from trajbus.streams.wire.headers import SOURCE_OFFSET, SOURCE_PARTITION
 from trajbus.streams.wire.records import ChunkedGroup, ReadyGroup
 from tests.unit.worker_fakes import abandon, new_worker, step
 

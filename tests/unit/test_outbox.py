@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from trajbus.streams.client.topic_settings import TopicSettings
 from trajbus.streams.wire import ledger
-from trajbus.streams.wire.topics import TopicSettings
 from trajbus.streams.worker.outbox import Outbox
 from trajbus.streams.worker.settings import ChannelSettings, WorkerSettings
 from trajbus.streams.worker.stats import WorkerMetrics

@@ -27,7 +27,8 @@ from tests.docs_pages import README, ROOT, SESSIONS, name
 from trajbus.gateway.rewards import answer_match
 from trajbus.infra import bootstrap
 from trajbus.pipelines.cli import build_parser
-from trajbus.streams.wire.topics import DEFAULT_CHANNELS, TopicSettings
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.wire.topics import DEFAULT_CHANNELS
 
 PAGES = [page for pages in SESSIONS.values() for page in pages]
 BLOCKS = [(page, block) for page in PAGES for block in extract_from_file(page)]

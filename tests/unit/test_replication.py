@@ -7,7 +7,7 @@ import pytest
 from trajbus.infra.kafka_cluster import cluster_properties
 from trajbus.infra.topics import CLUSTER_DEFAULT, ReplicationError, TopicSpec, _check_replication
 from trajbus.pipelines.broker_command import BrokerUsageError, check_nodes
-from trajbus.streams.wire.topics import TopicSettings
+from trajbus.streams.client.topic_settings import TopicSettings
 
 
 def test_topics_take_the_cluster_default_unless_set():

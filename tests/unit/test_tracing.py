@@ -18,6 +18,7 @@ from trajbus.gateway.chat.call_spans import call_spans
 from trajbus.infra import tracing
 from trajbus.streams.client.delivery import Poller
 from trajbus.streams.client.sender import RecordSender
+from trajbus.streams.wire.headers import GROUP_TRACEPARENTS
 from trajbus.streams.wire.prefix import PrefixEncoder
 from trajbus.streams.worker.direct_reads import SourceRecord
 from trajbus.streams.worker.traces import StepTraces
@@ -201,7 +202,7 @@ def test_the_worker_parents_apply_to_the_record_and_emit_to_the_last_apply(spans
         assert parent_id(emits[uid]) == applied[uid].context.span_id
         assert emits[uid].attributes[tracing.OUTCOME] == "emitted" and emits[uid].attributes[tracing.OFFSET] == 0
     [group] = worker.sends.groups[CHANNEL]
-    named = orjson.loads(group.header(tracing.GROUP_TRACEPARENTS))
+    named = orjson.loads(group.header(GROUP_TRACEPARENTS))
     assert {uid: value.split("-")[1:3] for uid, value in named.items()} == \
         {uid: [f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}"] for uid, s in emits.items()}
     assert worker.assembler.traces._last == {}, "an ended group's trajectories are forgotten"
@@ -225,7 +226,7 @@ def test_the_trainer_fetches_from_the_group_header_and_converts_under_the_first_
         with tracing.tracer().start_as_current_span(tracing.EMIT):
             emitted[uid] = tracing.traceparent()
     traces = FetchTraces("train")
-    traces.fetched("p", ["a", "b"], 0, 7, [(tracing.GROUP_TRACEPARENTS, orjson.dumps(emitted))], 1_000)
+    traces.fetched("p", ["a", "b"], 0, 7, [(GROUP_TRACEPARENTS, orjson.dumps(emitted))], 1_000)
     traces.fetched("q", ["c"], 0, 8, None, 2_000)
     with traces.converting([(0, 7), (0, 8)]):
         pass

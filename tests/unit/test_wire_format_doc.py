@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import re
 import zlib
 from pathlib import Path
 
 import pytest
 from pytest_codeblocks import extract_from_file
 
-from trajbus.streams.wire import codec
+from trajbus.streams.wire import codec, dlq, headers
 from trajbus.streams.wire.chunks import RECORD_OVERHEAD, manifest, split
 from trajbus.streams.wire.prefix import PrefixEncoder, structure
 from trajbus.streams.wire.records import ReadyGroup, Step, TrajectoryEnd
 from tests.unit.test_prefix import trajectory
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "wire-format.md"
+WIRE = Path(__file__).resolve().parents[2] / "streams" / "wire"
 
 
 def doc_blocks() -> list[str]:
@@ -164,3 +166,31 @@ def test_documented_group_decoder_refuses_a_step_that_does_not_fill_its_stated_l
         codec.decode(codec.preamble(codec.KIND_READY_GROUP) + padded)
     with pytest.raises(ValueError, match="length"):
         ns["group_body"](codec.preamble(codec.KIND_READY_GROUP) + padded, 4)
+
+
+def anchor(heading: str) -> str:
+    """The anchor mkdocs gives a heading."""
+    return re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-")
+
+
+def test_the_doc_maps_every_section_to_its_module_in_streams_wire_and_every_module_to_a_section():
+    """The page is the map of one folder: its table names, per section, the module that encodes it."""
+    contract = DOC.read_text().split("## Decoding without trajbus")[0]
+    table = contract.split("## Topics and keys")[0]
+    linked = set(re.findall(r"\]\(#([a-z0-9-]+)\)", table))
+    assert linked <= {anchor(h) for h in re.findall(r"^#{2,4} (.+)$", contract, re.M)}, "a link to no section"
+    sections = {anchor(h) for h in re.findall(r"^## (.+)$", contract, re.M)}
+    assert sections <= linked, f"sections the map leaves out: {sorted(sections - linked)}"
+    named = set(re.findall(r"`streams/wire/([a-z_]+\.py)`", table))
+    folder = {path.name for path in WIRE.glob("*.py")} - {"__init__.py"}
+    assert named == folder, f"modules the map names: {sorted(named)}; streams/wire has {sorted(folder)}"
+    for section in re.split(r"^## ", contract, flags=re.M)[1:]:
+        assert "`streams/wire/" in section, f"section {section.splitlines()[0]!r} names no module of streams/wire"
+
+
+def test_every_header_the_doc_names_is_one_streams_wire_names_and_no_other():
+    constants = {value for module in (headers, dlq) for name, value in vars(module).items()
+                 if name.isupper() and isinstance(value, str)}
+    documented = set(re.findall(r"`(trajbus-[a-z-]+)`", DOC.read_text()))
+    assert documented == {value for value in constants if value.startswith("trajbus-")}
+    assert {headers.CONTENT_TYPE, headers.TRACEPARENT} <= set(re.findall(r"`([a-z-]+)`", DOC.read_text()))
