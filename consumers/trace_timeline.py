@@ -26,11 +26,11 @@ from typing import Any, Iterable, Iterator, Mapping
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from trajbus.infra.clients import reader
+from trajbus.infra.span_names import BACKEND, OFFSET, OUTCOME, PARTITION, PROMPT_UID, STEP_INDEX, TOKENS
 from trajbus.infra.topics import read_partition, watermarks
-from trajbus.infra.tracing import BACKEND, OFFSET, OUTCOME, PARTITION, PROMPT_UID, STEP_INDEX, TOKENS
 from trajbus.infra.trace_export import SpanDecodeError, SpanRecord, decode_span
+from trajbus.streams.client.chunks import ChunkReader
 from trajbus.streams.wire import codec
-from trajbus.streams.wire.chunks import ChunkReader
 from trajbus.streams.wire.prefix import StepDelta, step_of
 from trajbus.streams.wire.records import ChunkedGroup, ReadyGroup, Step, TrajectoryEnd
 from trajbus.streams.wire.topics import (DEFAULT_PREFIX, channel_of, groups_topic, steps_topic, traces_topic,

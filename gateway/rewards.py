@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from trajbus.gateway.errors import GatewayError
 from trajbus.infra import ray_exit
-from trajbus.streams.worker.settings import import_dotted
+from trajbus.infra.dotted import import_dotted
 
 log = logging.getLogger("trajbus.gateway")
 

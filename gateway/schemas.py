@@ -234,7 +234,7 @@ def submit_steps_schema() -> dict[str, Any]:
 
 
 class RewardRequest(BaseModel):
-    """What a reward function receives (``GatewayService.reward_input``'s shape, each key present);
+    """What a reward function receives (``gateway.state.lifecycle.reward_input``'s shape, each key present);
     other keys pass through to it."""
 
     model_config = ConfigDict(extra="allow")

@@ -24,8 +24,8 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from trajbus.gateway.config import EXIT_USAGE, GatewaySettings, add_gateway_arguments, settings_from_args
 from trajbus.gateway.errors import bad_request
 from trajbus.gateway.fleet import BACKLOG, GatewayFleet
-from trajbus.gateway.service import GatewayService
 from trajbus.gateway.prompts.tokenizer import check_tokenizer_path
+from trajbus.gateway.service import GatewayService
 from trajbus.infra import ray_exit
 from trajbus.infra.collector import tune_for_serving
 from trajbus.infra.kafka_config import KafkaConfigError, apply_connection_arguments

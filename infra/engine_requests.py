@@ -19,7 +19,7 @@ class SamplingParams:
 
 
 @dataclass
-class Sample:
+class EngineSample:
     token_ids: list[int]
     logprobs: list[float]
     text: str

@@ -38,7 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from trajbus.infra.declared import add_flags, resolve, setting
-from trajbus.infra.engine_requests import Aborted, RequestError, Sample, SamplingParams, sampling_params
+from trajbus.infra.engine_requests import Aborted, EngineSample, RequestError, SamplingParams, sampling_params
 
 log = logging.getLogger("trajbus.inference_server")
 ENV_PREFIX = "TRAJBUS_INFERENCE_"
@@ -89,7 +89,7 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def sample(self, prompt_ids: list[int], params: SamplingParams, generator,
-               on_token: Callable[[int, float, str], None] | None = None) -> Sample:
+               on_token: Callable[[int, float, str], None] | None = None) -> EngineSample:
         """One completion; ``on_token(id, logprob, text_so_far)`` after every sampled token."""
         import torch
 
@@ -123,7 +123,7 @@ class Engine:
                     finish = "stop"
                     break
                 inputs = torch.tensor([[token]], device=self.device)
-        return Sample(ids, logprobs, text, finish)
+        return EngineSample(ids, logprobs, text, finish)
 
     @staticmethod
     def _choose(logits, params: SamplingParams, generator) -> int:
@@ -186,7 +186,7 @@ class ServedModel:
 
     async def run_samples(self, prompt_ids: list[int], params: SamplingParams, n: int,
                           on_token: Callable[[int, int, float, str], None] | None = None,
-                          aborted: threading.Event | None = None) -> list[Sample]:
+                          aborted: threading.Event | None = None) -> list[EngineSample]:
         loop = asyncio.get_running_loop()
         engine = self.engine
 
@@ -195,7 +195,7 @@ class ServedModel:
                 raise Aborted("the client went away")
             on_token(i, t, lp, text)
 
-        def work() -> list[Sample]:
+        def work() -> list[EngineSample]:
             generator = engine.generator(params.seed)
             return [engine.sample(prompt_ids, params, generator,
                                   None if on_token is None else (lambda t, lp, text, i=i: token(i, t, lp, text)))
@@ -213,7 +213,7 @@ class ServedModel:
             return prompt
         raise RequestError("prompt: must be a string or a non-empty list of valid token ids")
 
-    def choice_extras(self, body: dict, sample: Sample) -> dict:
+    def choice_extras(self, body: dict, sample: EngineSample) -> dict:
         extras: dict[str, Any] = {}
         if body.get("return_token_ids"):
             extras["token_ids"] = sample.token_ids
@@ -336,7 +336,7 @@ async def _json_body(request: Request) -> dict:
     return body
 
 
-def _usage(prompt_ids: list[int], samples: list[Sample]) -> dict:
+def _usage(prompt_ids: list[int], samples: list[EngineSample]) -> dict:
     completion = sum(len(s.token_ids) for s in samples)
     return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
             "total_tokens": len(prompt_ids) + completion}

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from trajbus.infra.engine_requests import Sample, SamplingParams
+from trajbus.infra.engine_requests import EngineSample, SamplingParams
 from trajbus.infra.inference_server import create_app
 
 log = logging.getLogger("trajbus.scripted_engine")
@@ -190,7 +190,7 @@ class ScriptedEngine:
         return None
 
     def sample(self, prompt_ids: list[int], params: SamplingParams, generator: None,
-               on_token: Callable[[int, float, str], None] | None = None) -> Sample:
+               on_token: Callable[[int, float, str], None] | None = None) -> EngineSample:
         with self._lock:
             reply, start = self._continued(prompt_ids) or (self._next_reply(), 0)
             if self._record is not None:
@@ -223,7 +223,7 @@ class ScriptedEngine:
                 with self._lock:
                     self._cut.append((list(prompt_ids), reply))
                 raise
-        return Sample(list(ids), values, text, finish)
+        return EngineSample(list(ids), values, text, finish)
 
 
 class Misbehaving:

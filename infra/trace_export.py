@@ -33,10 +33,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from trajbus.infra.clients import acked_producer
-from trajbus.infra.tracing import TRAJECTORY_UID  # the attribute that names a span's trajectory: the key
+from trajbus.infra.span_names import TRAJECTORY_UID  # the attribute that names a span's trajectory: the key
 
 __all__ = ["FORMAT_VERSION", "KafkaSpanExporter", "SpanDecodeError", "SpanLink", "SpanRecord", "decode_span",
-           "encode_span", "span_key", "TRAJECTORY_UID"]
+           "encode_span", "span_key"]
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,10 @@ import yaml
 
 from trajbus.gateway.config import GatewaySettings
 from trajbus.infra.declared import check_values, to_flags
+from trajbus.infra.dotted import import_dotted
 from trajbus.pipelines.global_dataset import GlobalDataset
-from trajbus.streams.worker.settings import ChannelSettings, WorkerSettings, import_dotted
-from trajbus.streams.wire.topics import TopicSettings
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.worker.settings import ChannelSettings, WorkerSettings
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
 ENVS = ("math", "calculator")

@@ -12,8 +12,8 @@ import asyncio
 import dataclasses
 from typing import Any, Callable
 
-from trajbus.gateway.admission.rules import Admission
 from trajbus.gateway.admission.backlog import BacklogMonitor
+from trajbus.gateway.admission.rules import Admission
 from trajbus.gateway.config import GatewaySettings
 from trajbus.gateway.errors import bad_request
 from trajbus.gateway.metrics import GatewayMetrics

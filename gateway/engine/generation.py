@@ -19,11 +19,11 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from trajbus.gateway.engine.pool import BackendPool
 from trajbus.gateway.engine.answers import Completion, EngineStream
+from trajbus.gateway.engine.pool import BackendPool
+from trajbus.gateway.engine.updates import UpdateGate
 from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.gateway.prompts.token_ids import AnyIds, joined
-from trajbus.gateway.engine.updates import UpdateGate
 from trajbus.streams.wire.versions import Segments
 
 _END = object()

@@ -37,7 +37,7 @@ ALIVE_WINDOW = 15.0
 widens it to two probe rounds where its probes are sparser)."""
 
 
-class Probe(enum.Enum):
+class ProbeResult(enum.Enum):
     """What one health probe found."""
 
     PASSED = "passed"
@@ -76,16 +76,16 @@ class Liveness:
         """A call got its answer (HTTP 200). The gateway's hot path: one store."""
         self.alive_at = now
 
-    def probed(self, probe: Probe, now: float) -> Change | None:
+    def probed(self, probe: ProbeResult, now: float) -> Change | None:
         """Apply one probe's outcome."""
         was_in = self.in_service
-        if probe is Probe.PASSED:
+        if probe is ProbeResult.PASSED:
             self.alive_at, self.slow, self.in_service = now, False, True
             if not self.seen:
                 self.seen = True
                 return Change.READY
             return None if was_in else Change.BACK_IN
-        if probe is Probe.FAILED:
+        if probe is ProbeResult.FAILED:
             self.alive_at, self.slow, self.in_service = NEVER, False, False
             return Change.TAKEN_OUT if was_in else None
         first_slow, self.slow = not self.slow, True

@@ -36,8 +36,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from trajbus.gateway.engine.health import ALIVE_WINDOW, Change, Liveness, Probe
 from trajbus.gateway.engine.answers import BackendError, Completion, EngineStream, whole_answer
+from trajbus.gateway.engine.health import ALIVE_WINDOW, Change, Liveness, ProbeResult
 from trajbus.gateway.prompts.token_ids import AnyIds, as_json
 
 log = logging.getLogger("trajbus.gateway")
@@ -140,17 +140,17 @@ class BackendPool:
         """One health probe, judged beside the backend's recent answers; whether it is in service."""
         try:
             async with self._probes.get(f"{backend.address}/health", timeout=self.health_timeout) as response:
-                probe = Probe.PASSED if response.status == 200 else Probe.FAILED
-                if probe is Probe.FAILED:
+                probe = ProbeResult.PASSED if response.status == 200 else ProbeResult.FAILED
+                if probe is ProbeResult.FAILED:
                     backend.last_error = f"its health check answered {response.status}"
-            if probe is Probe.PASSED and self.model is None:
+            if probe is ProbeResult.PASSED and self.model is None:
                 self.model = await self._model_name(backend)
         except asyncio.TimeoutError:  # before ClientError: aiohttp's timeouts are both
-            probe = Probe.SLOW
+            probe = ProbeResult.SLOW
             backend.slow_health_checks += 1
             backend.last_error = f"its health check got no answer within {self.health_timeout.total:g} s"
         except aiohttp.ClientError as exc:
-            probe, backend.last_error = Probe.FAILED, f"{type(exc).__name__}: {exc}"
+            probe, backend.last_error = ProbeResult.FAILED, f"{type(exc).__name__}: {exc}"
         now = time.monotonic()
         self._changed(backend, backend.liveness.probed(probe, now), now)
         backend.checked_at = time.time()

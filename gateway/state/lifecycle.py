@@ -16,14 +16,14 @@ import secrets
 import weakref
 from typing import Any, Protocol, Sequence
 
-from trajbus.gateway.prompts.conversation import Prompt
-from trajbus.gateway.errors import GatewayError, bad_request, conflict, from_value_error, not_found
-from trajbus.gateway.broker.kafka_link import END_NOT_ACKNOWLEDGED, KafkaLink, kafka_failure
-from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.gateway.admission.pacing import Pacing
+from trajbus.gateway.broker.kafka_link import END_NOT_ACKNOWLEDGED, KafkaLink, kafka_failure
+from trajbus.gateway.errors import GatewayError, bad_request, conflict, from_value_error, not_found
+from trajbus.gateway.metrics import GatewayMetrics
+from trajbus.gateway.prompts.conversation import Prompt
+from trajbus.gateway.prompts.token_ids import joined
 from trajbus.gateway.rewards import RewardScorer
 from trajbus.gateway.state.served_version import ServedVersion
-from trajbus.gateway.prompts.token_ids import joined
 from trajbus.gateway.state.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
 from trajbus.streams.client.producer import DeliveryError, TopicsUnavailable
 from trajbus.streams.wire.records import CONTINUES, SEGMENT_START, Step, validate_metadata

@@ -32,6 +32,7 @@ from typing import Any
 from trajbus.consumers.trained_log import GrowingSteps, StepRecorder, TrainedLog
 from trajbus.consumers.verl.settings import VerlQueueSettings
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
+from trajbus.infra.dotted import import_dotted
 from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.slime.harness import AgentHarness
 from trajbus.pipelines.verl.dispatches import Dispatches, Draw
@@ -39,8 +40,8 @@ from trajbus.pipelines.verl.feeder import GroupFeeder
 from trajbus.pipelines.verl.services import OwnServices, engine_addresses
 from trajbus.streams.client.policy import PolicyVersionPublisher
 from trajbus.streams.client.producer import StepProducer
-from trajbus.streams.wire.topics import TopicSettings, groups_topic
-from trajbus.streams.worker.settings import import_dotted
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.wire.topics import groups_topic
 
 __all__ = ["VerlAgentLoopManager", "VerlSample"]
 

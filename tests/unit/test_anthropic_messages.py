@@ -14,8 +14,8 @@ from trajbus.gateway.anthropic.answers import _finish, error_body, parse, stop_r
 from trajbus.gateway.anthropic.messages import conversation, engine_request
 from trajbus.gateway.anthropic.schemas import MessagesRequest
 from trajbus.gateway.app import create_app
-from trajbus.gateway.engine.pool import Completion
 from trajbus.gateway.config import add_gateway_arguments, settings_from_args
+from trajbus.gateway.engine.pool import Completion
 from trajbus.gateway.errors import GatewayError, unavailable
 from trajbus.gateway.prompts.tool_calls import ParsedOutput
 

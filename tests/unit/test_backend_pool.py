@@ -12,7 +12,7 @@ import orjson
 import pytest
 from aiohttp import ClientSession, web
 
-from trajbus.gateway.engine.health import Probe
+from trajbus.gateway.engine.health import ProbeResult
 from trajbus.gateway.engine.pool import BackendError, BackendPool, NoBackendAvailable
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
@@ -22,7 +22,7 @@ A, B, C = "http://a:1", "http://b:1", "http://c:1"
 def pool():
     pool = BackendPool([A, B, C])  # no client until started: sends nothing
     for backend in pool.backends.values():
-        backend.liveness.probed(Probe.PASSED, 0.0)
+        backend.liveness.probed(ProbeResult.PASSED, 0.0)
     yield pool
     asyncio.run(pool.close())
 
@@ -56,7 +56,7 @@ def test_unknown_preferred_backend_falls_back_to_round_robin(pool):
 
 
 def test_an_unhealthy_backend_is_skipped_and_its_trajectory_moves(pool):
-    pool.backends[B].liveness.probed(Probe.FAILED, 1.0)
+    pool.backends[B].liveness.probed(ProbeResult.FAILED, 1.0)
     assert picks(pool, 4) == [A, C, A, C]
     assert pool.pick(preferred=B).address != B
 
@@ -69,9 +69,9 @@ def test_a_refused_backend_is_taken_out_with_its_error(pool):
 
 
 def test_a_backend_is_put_back_when_healthy_again(pool):
-    pool.backends[A].liveness.probed(Probe.FAILED, 1.0)
+    pool.backends[A].liveness.probed(ProbeResult.FAILED, 1.0)
     assert A not in picks(pool, 3)
-    pool.backends[A].liveness.probed(Probe.PASSED, 2.0)
+    pool.backends[A].liveness.probed(ProbeResult.PASSED, 2.0)
     assert A in picks(pool, 3)
     assert pool.pick(preferred=A).address == A
 
@@ -83,7 +83,7 @@ def test_excluded_backends_are_not_picked(pool):
 
 def test_none_healthy_raises_naming_every_backend(pool):
     for backend in pool.backends.values():
-        backend.liveness.probed(Probe.FAILED, 1.0)
+        backend.liveness.probed(ProbeResult.FAILED, 1.0)
     pool.backends[A].last_error = "ConnectError: refused"
     with pytest.raises(NoBackendAvailable) as caught:
         pool.pick(preferred=A)

@@ -6,8 +6,8 @@ import asyncio
 
 import httpx
 
-from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.gateway.http.middleware import CallLimit, RequestObserver
+from trajbus.gateway.metrics import GatewayMetrics
 
 
 def test_engine_calls_beyond_the_limit_are_shed_at_once_with_503_and_retry_after():

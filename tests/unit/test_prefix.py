@@ -9,7 +9,7 @@ import pytest
 
 from trajbus.streams.wire import codec
 from trajbus.streams.wire.prefix import (KEYFRAME_EVERY, PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL,
-                                    PrefixEncoder, PrefixError, PrefixResolver, StepDelta, regroup, step_of)
+                                         PrefixEncoder, PrefixError, PrefixResolver, StepDelta, regroup, step_of)
 from trajbus.streams.wire.records import ReadyGroup, Step
 
 TASK = list(range(70_000, 70_500))  # ids past 65,535: 4 bytes each

@@ -10,8 +10,9 @@ import pytest
 
 from trajbus.gateway.config import GatewaySettings, _addresses, add_gateway_arguments, settings_from_args
 from trajbus.infra.arguments import positive_int
-from trajbus.streams.worker.settings import ChannelSettings, WorkerSettings, import_dotted
-from trajbus.streams.wire.topics import TopicSettings
+from trajbus.infra.dotted import import_dotted
+from trajbus.streams.client.topic_settings import TopicSettings
+from trajbus.streams.worker.settings import ChannelSettings, WorkerSettings
 
 
 @pytest.mark.parametrize("field, value", [
@@ -46,8 +47,8 @@ def test_replace_validates_and_refuses_unknown_keys():
 
 
 def test_import_dotted_accepts_colon_and_dot_forms():
-    assert import_dotted("os.path:join") is os.path.join
-    assert import_dotted("os.path.join") is os.path.join
+    assert import_dotted("os.path:join", "reward_function") is os.path.join
+    assert import_dotted("os.path.join", "reward_function") is os.path.join
 
 
 @pytest.mark.parametrize("path, match", [

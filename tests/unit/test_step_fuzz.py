@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from trajbus.streams.client.producer import _as_step
 from trajbus.streams.wire import codec
 from trajbus.streams.wire.prefix import PrefixEncoder
-from trajbus.streams.client.producer import _as_step
 from trajbus.streams.wire.records import Step
 
 FIELDS = {f.name for f in dataclasses.fields(Step)}

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
+from trajbus.gateway.engine.updates import UpdateGate
 from trajbus.gateway.errors import GatewayError
 from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.gateway.state.served_version import ServedVersion
-from trajbus.gateway.engine.updates import UpdateGate
 
 
 class Reader:
