@@ -23,7 +23,7 @@ from trajbus.consumers.trained_log import TrainedLog, UnknownRun, choose_run
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
 from trajbus.infra.clients import reader
 from trajbus.infra.topics import read_partition, watermarks
-from trajbus.streams.wire.chunks import ChunkReader
+from trajbus.streams.client.chunks import ChunkReader
 from trajbus.streams.wire.prefix import StructuredGroup
 from trajbus.streams.wire.records import ReadyGroup, Step
 from trajbus.streams.wire.topics import DEFAULT_PREFIX, groups_topic, validate_channel
@@ -97,7 +97,7 @@ class StepBatches:
     def samples(self, step: int, row_mode: str = "trajectory") -> list[Any]:
         """The batch as slime ``Sample``s (trajbus's where slime is absent): tokens, masks, log-probs and rewards
         as slime trains on them; the prompt fields a data source adds are not on the topics."""
-        from trajbus.pipelines.slime.samples import sample_kind, samples_from_group
+        from trajbus.consumers.slime.samples import sample_kind, samples_from_group
 
         kind = sample_kind()
         samples = []

@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from trajbus.pipelines.samples import Sample
+from trajbus.consumers.slime.sample import Sample
 from trajbus.streams.wire.ledger import fingerprint
 
 

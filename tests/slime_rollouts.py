@@ -20,16 +20,16 @@ class Output:
 
 
 @dataclass
-class Verdict:
+class DynamicFilterVerdict:
     """slime's ``DynamicFilterOutput``."""
 
     keep: bool
     reason: str | None = None
 
 
-def drop_label_3(args: Any, samples: list[Any], **kwargs: Any) -> Verdict:
+def drop_label_3(args: Any, samples: list[Any], **kwargs: Any) -> DynamicFilterVerdict:
     keep = samples[0].label != DROPPED_LABEL
-    return Verdict(keep, None if keep else "label_3")
+    return DynamicFilterVerdict(keep, None if keep else "label_3")
 
 
 def newest_first(args, rollout_id, buffer, num_samples):

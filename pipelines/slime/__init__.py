@@ -15,7 +15,7 @@ or, for agents through trajbus's gateway (``trajbus_settled_by: worker`` in that
 """
 
 from trajbus.pipelines.slime.data_source import SlimeDataSource
-from trajbus.pipelines.slime.samples import sample_kind, samples_from_group
+from trajbus.consumers.slime.samples import sample_kind, samples_from_group
 from trajbus.pipelines.slime.settings import SlimeSettings
 
 __all__ = ["SlimeDataSource", "SlimeSettings", "sample_kind", "samples_from_group"]

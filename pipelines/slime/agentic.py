@@ -34,7 +34,7 @@ from typing import Any
 
 from trajbus.pipelines.slime.agentic_rollout import AgenticRollout
 from trajbus.pipelines.slime.data_source import SlimeDataSource
-from trajbus.pipelines.slime.samples import slime_sample_class
+from trajbus.consumers.slime.samples import slime_sample_class
 from trajbus.pipelines.slime.settings import SlimeSettings
 
 __all__ = ["EvalOutput", "TrainOutput", "close", "generate_rollout"]

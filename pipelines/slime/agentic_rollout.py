@@ -28,17 +28,17 @@ from collections import Counter
 from typing import Any
 
 from trajbus.infra.bootstrap import resolve_bootstrap_servers
-from trajbus.pipelines.sample_kind import SampleKind
+from trajbus.infra.dotted import import_dotted
+from trajbus.consumers.slime.sample_kind import SampleKind
 from trajbus.pipelines.slime.data_source import SlimeDataSource
 from trajbus.pipelines.slime.group_reader import GroupReader
 from trajbus.pipelines.slime.harness import SAMPLE_INDEX, AgentHarness, GroupRun
 from trajbus.pipelines.slime.rollout_args import RolloutShape, dynamic_filter, eval_sets, sampling_of
-from trajbus.pipelines.slime.samples import sample_kind, samples_from_group
+from trajbus.consumers.slime.samples import sample_kind, samples_from_group
 from trajbus.pipelines.slime.settings import SlimeSettings
-from trajbus.streams.wire.ledger import ABANDON, ABANDON_TRAJECTORY, DROPPED, Outcome
 from trajbus.streams.client.producer import StepProducer
+from trajbus.streams.wire.ledger import ABANDON, ABANDON_TRAJECTORY, DROPPED, Outcome
 from trajbus.streams.wire.records import ReadyGroup
-from trajbus.streams.worker.settings import import_dotted
 
 __all__ = ["AgenticRollout", "METRIC"]
 

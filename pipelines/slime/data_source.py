@@ -3,9 +3,10 @@
 slime builds its data source as ``load_function(args.data_source_path)(args)`` (``RolloutManager``)
 and calls ``get_samples``, ``add_samples``, ``save``, ``load`` and ``len()`` on it. This one hands
 out slime's own ``Sample`` (trajbus's, with the same fields, where slime is not installed), keeps
-slime's semantics (``pipelines.data_source``: order, seeded reshuffle per epoch, buffer first through
-``--buffer-filter-path``), and, given a broker (``pipelines.slime.settings``), records every group
-on the prompt ledger before slime sees it. What slime itself loses, it keeps:
+slime's semantics through the ``RolloutDataSourceWithBuffer`` it owns (``pipelines.data_source``:
+order, seeded reshuffle per epoch, buffer first through ``--buffer-filter-path``), and, given a broker
+(``pipelines.slime.settings``), records every group on the prompt ledger before slime sees it. What
+slime itself loses, it keeps:
 
 - the buffer is on the ledger, so it survives a crash without a checkpoint;
 - with ``--rollout-function-path trajbus.pipelines.slime.sglang.generate_rollout`` each rollout is
@@ -32,9 +33,12 @@ from typing import Any
 
 from trajbus.consumers.trained_log import StepRecorder, TrainedLog
 from trajbus.pipelines.data_source import RolloutDataSourceWithBuffer
-from trajbus.pipelines.slime.samples import sample_kind
+from trajbus.pipelines.group_buffer import aborted_groups
+from trajbus.pipelines.ledger import PromptLedger
+from trajbus.consumers.slime.samples import sample_kind
 from trajbus.pipelines.slime.settings import SlimeSettings, source_args
-from trajbus.pipelines.slime.settle import InFlight, Settlement, dynamic_filter, leaves, settle_groups
+from trajbus.pipelines.slime.rollout_args import dynamic_filter
+from trajbus.pipelines.slime.settle import InFlight, SettledGroups, leaves, settle_groups
 from trajbus.streams.wire.ledger import ABANDONED, DROPPED, EMITTED, Dispatch, Outcome
 from trajbus.streams.wire.topics import trainer_group_id
 from trajbus.streams.wire.trained import GroupRef
@@ -44,9 +48,27 @@ __all__ = ["SlimeDataSource"]
 log = logging.getLogger("trajbus.slime")
 
 
-class SlimeDataSource(RolloutDataSourceWithBuffer):
+class RolloutSettles:
+    """``trajbus_settled_by: rollout``: this data source, told by the rollout function, records how each group
+    ended, not the stream worker; a group given up is dropped at once."""
+
+    def left_open(self, ledger: PromptLedger) -> list[Dispatch]:
+        """The groups a crashed run left in flight are lost with it: recorded as abandoned, issued again."""
+        left_open = ledger.view.open()
+        if left_open:
+            ledger.write([Outcome(d.prompt_uid, DROPPED, ABANDONED) for d in left_open])
+            log.info("trajbus data source: %d groups left in flight by the last run are handed out again",
+                     len(left_open))
+        return ledger.view.due_again()
+
+    def give_up(self, ledger: PromptLedger, prompt_uids: list[str], why: str) -> None:
+        ledger.write([Outcome(uid, DROPPED, why) for uid in prompt_uids])
+
+
+class SlimeDataSource:
     """slime's data source (``__init__(args)``, ``get_samples``, ``add_samples``, ``save``, ``load``, ``len``)
-    on trajbus's prompt ledger. Thread-safe: slime's fully-async rollout calls it from its own thread."""
+    on trajbus's prompt ledger. Thread-safe: slime's fully-async rollout calls it from its own thread. It owns
+    the ``RolloutDataSourceWithBuffer`` (``source``) that hands out and buffers the groups, and settles them."""
 
     def __init__(self, args: Any) -> None:
         self.settings = SlimeSettings.from_args(args)
@@ -56,47 +78,40 @@ class SlimeDataSource(RolloutDataSourceWithBuffer):
         self.in_flight: dict[int, InFlight] = {}
         """id(group) -> a group handed out since ``begin_rollout`` and not settled."""
         self._lock = threading.RLock()
+        self._settles = self.settings.settled_by == "rollout"
+        """True when this data source, told by the rollout function, records how each group ended."""
         ledger = self.settings.open_ledger(policy_version=lambda: self.rollout_id)
         try:
-            super().__init__(source_args(args), ledger=ledger, kind=sample_kind())
+            self.source = RolloutDataSourceWithBuffer(source_args(args), ledger=ledger, kind=sample_kind(),
+                                                      settling=RolloutSettles() if self._settles else None,
+                                                      filter_args=args)
         except BaseException:
             if ledger is not None:
                 ledger.close()
             raise
-        self.filter_args = args
+        self.args, self.kind, self.dataset = self.source.args, self.source.kind, self.source.dataset
+        self.ledger = ledger
         self.recorder: StepRecorder | None = None
         if ledger is not None and self._settles:
             trained = TrainedLog(ledger.bootstrap_servers, ledger.channel, ledger.prefix)
             self.recorder = StepRecorder(trained, trainer_group_id(ledger.channel, ledger.prefix), "slime", "")
         where = f"ledger {ledger.topic} (settled by {self.settings.settled_by})" if ledger else "no ledger"
         log.info("trajbus data source: %s, %d prompts, %s, %d groups due again, %d buffered", self.kind.name,
-                 len(self), where, len(self.due), len(self.buffer))
+                 len(self), where, len(self.source.due), self.get_buffer_length())
 
     @property
-    def _settles(self) -> bool:
-        """True when this data source, told by the rollout function, records how each group ended."""
-        return self.settings.settled_by == "rollout"
+    def metadata(self) -> dict[str, Any]:
+        """The source's metadata, saved with its state (the agentic rollout keeps its reader's position there)."""
+        return self.source.metadata
 
-    def _settle_left_open(self) -> list[Dispatch]:
-        """The groups a crashed run left in flight are lost with it: recorded as abandoned, issued again."""
-        if not self._settles:
-            return super()._settle_left_open()
-        left_open = self.ledger.view.open()
-        if left_open:
-            self.ledger.write([Outcome(d.prompt_uid, DROPPED, ABANDONED) for d in left_open])
-            log.info("trajbus data source: %d groups left in flight by the last run are handed out again",
-                     len(left_open))
-        return self.ledger.view.due_again()
-
-    def _give_up(self, prompt_uids: list[str], why: str) -> None:
-        if not self._settles:
-            return super()._give_up(prompt_uids, why)
-        if prompt_uids:
-            self.ledger.write([Outcome(uid, DROPPED, why) for uid in prompt_uids])
+    @property
+    def buffer(self) -> list[list[Any]]:
+        """The buffered groups, oldest first (the source's)."""
+        return self.source.buffer
 
     def get_samples(self, num_samples: int) -> list[list[Any]]:
         with self._lock:
-            groups = super().get_samples(num_samples)
+            groups = self.source.get_samples(num_samples)
             if self.rollout_id is not None and self._settles:
                 for group in groups:
                     self.in_flight[id(group)] = InFlight(group, copy.deepcopy(group),
@@ -106,12 +121,34 @@ class SlimeDataSource(RolloutDataSourceWithBuffer):
     def add_samples(self, samples: list[list[Any]]) -> None:
         """Groups back to the buffer (slime's partial rollout returns its aborted ones here)."""
         with self._lock:
-            super().add_samples(samples)
+            self.source.add_samples(samples)
             returned = list(leaves(samples))
             ids, indices = {id(s) for s in returned}, {s.index for s in returned if s.index is not None}
             for key, flight in list(self.in_flight.items()):
                 if any(id(s) in ids or s.index in indices for s in flight.group):
                     del self.in_flight[key]
+
+    def return_aborted(self, groups: list[list[Any]]) -> int:
+        """Partial rollouts cut off (status ``aborted``) go back to the buffer, responses kept; returns how many."""
+        aborted = aborted_groups(groups, self.kind)
+        self.add_samples(aborted)
+        return len(aborted)
+
+    def get_buffer_length(self) -> int:
+        return self.source.get_buffer_length()
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        self.source.update_metadata(metadata)
+
+    def get_metadata(self) -> dict[str, Any]:
+        return self.source.get_metadata()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.source.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The saved state; on a ledger, the cursor and the buffer then are where the ledger has them."""
+        self.source.load_state_dict(state)
 
     def begin_rollout(self, rollout_id: int) -> None:
         """Groups handed out from now on belong to ``rollout_id`` until ``settle``."""
@@ -120,7 +157,7 @@ class SlimeDataSource(RolloutDataSourceWithBuffer):
         with self._lock:
             self.rollout_id = rollout_id
 
-    def settle(self, trained: Any) -> Settlement:
+    def settle(self, trained: Any) -> SettledGroups:
         """End the rollout: ``trained`` is the batch it returned (``RolloutFnTrainOutput.samples``). Every
         group it took is recorded as trained or filtered, or goes back to the buffer (surplus, aborted).
         Groups handed out after it, until the next ``begin_rollout``, are not tracked (nor stamped)."""
@@ -155,29 +192,33 @@ class SlimeDataSource(RolloutDataSourceWithBuffer):
                             if d.prompt_uid not in tracked]
                 if consumed:
                     self.ledger.write(consumed)
-            return super().save(rollout_id)
+            return self.source.save(rollout_id)
 
     def load(self, rollout_id: int | None = None) -> bool:
         """The state saved for ``rollout_id`` (slime calls ``load(start_rollout_id - 1)``); on a ledger, the
         groups trained after that rollout are handed out again first, once."""
         with self._lock:
-            loaded = super().load(rollout_id)
+            loaded = self.source.load(rollout_id)
             if self.ledger is not None and self._settles and rollout_id is not None:
                 self._hand_out_again_after(rollout_id)
             return loaded
 
     def _hand_out_again_after(self, rollout_id: int) -> None:
         """Groups trained in a rollout after ``rollout_id``: the model slime loads never learnt from them."""
-        view = self.ledger.view
-        due = {d.prompt_uid for d in self.due}
+        view, dispatcher = self.ledger.view, self.source.dispatcher
+        due = {d.prompt_uid for d in dispatcher.due}
         lost = [d for uid, d in view.dispatched.items()
                 if d.policy_version is not None and d.policy_version > rollout_id and uid not in due
                 and uid not in view.reissued and getattr(view.outcomes.get(uid), "outcome", None) == EMITTED]
         if lost:
             order = {uid: position for position, uid in enumerate(view.dispatched)}
-            self.due = sorted([*self.due, *lost], key=lambda d: order[d.prompt_uid])
+            dispatcher.due = sorted([*dispatcher.due, *lost], key=lambda d: order[d.prompt_uid])
             log.info("trajbus data source: %d groups trained after rollout %d (not in its checkpoint) are handed "
                      "out again first", len(lost), rollout_id)
+
+    def __len__(self) -> int:
+        """The prompts of one epoch (0 without a dataset): slime's trainer counts rollouts by it."""
+        return len(self.source)
 
     def close(self) -> None:
         if self.recorder is not None:

@@ -11,12 +11,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from trajbus.infra.dotted import import_dotted
 from trajbus.pipelines.prompt_dataset import PromptDataset
-from trajbus.pipelines.sample_kind import SampleKind
+from trajbus.consumers.slime.sample_kind import SampleKind
 from trajbus.pipelines.slime.settings import source_args
-from trajbus.streams.worker.settings import import_dotted
 
-__all__ = ["EvalSet", "RolloutShape", "Verdict", "dynamic_filter", "eval_sets", "sampling_of"]
+__all__ = ["EvalSet", "RolloutShape", "DynamicFilterVerdict", "dynamic_filter", "eval_sets", "sampling_of"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def sampling_of(args: Any, config: Any = None) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class DynamicFilterVerdict:
     """slime's ``DynamicFilterOutput``, read off whatever the filter returned (a bool in slime's older form)."""
 
     keep: bool
@@ -68,16 +68,16 @@ class Verdict:
     """Keep a rejected group when dropping it would leave too few groups to fill the batch."""
 
 
-def dynamic_filter(args: Any) -> Callable[[list[Any]], Verdict]:
+def dynamic_filter(args: Any) -> Callable[[list[Any]], DynamicFilterVerdict]:
     """``--dynamic-sampling-filter-path`` as a verdict on a group's Samples; without one, every group is kept."""
     path = getattr(args, "dynamic_sampling_filter_path", None)
     if not path:
-        return lambda group: Verdict(True)
+        return lambda group: DynamicFilterVerdict(True)
     function = import_dotted(path, "dynamic_sampling_filter_path")
 
-    def verdict(group: list[Any]) -> Verdict:
+    def verdict(group: list[Any]) -> DynamicFilterVerdict:
         output = function(args, group)
-        return Verdict(bool(getattr(output, "keep", output)), getattr(output, "reason", None),
+        return DynamicFilterVerdict(bool(getattr(output, "keep", output)), getattr(output, "reason", None),
                        bool(getattr(output, "keep_when_insufficient", False)))
 
     return verdict

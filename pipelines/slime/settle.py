@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Iterator
 
-from trajbus.streams.worker.settings import import_dotted
+from trajbus.pipelines.slime.rollout_args import DynamicFilterVerdict
 
-Keep = Callable[[list[Any]], tuple[bool, str | None]]
+Keep = Callable[[list[Any]], DynamicFilterVerdict]
+"""slime's dynamic sampling filter on a group (``rollout_args.dynamic_filter``)."""
 
 
 @dataclass
@@ -39,7 +40,9 @@ class InFlight:
 
 
 @dataclass
-class Settlement:
+class SettledGroups:
+    """The groups of one rollout by how each ended (the module docstring's four cases)."""
+
     trained: list[InFlight] = field(default_factory=list)
     surplus: list[InFlight] = field(default_factory=list)
     filtered: list[tuple[InFlight, str]] = field(default_factory=list)
@@ -65,33 +68,19 @@ def finished(group: list[Any], status: type[Enum]) -> bool:
     return all(s.status in (status.COMPLETED, status.TRUNCATED) and s.reward is not None for s in group)
 
 
-def dynamic_filter(args: Any) -> Keep:
-    """slime's ``--dynamic-sampling-filter-path`` as (keep, reason); without one every group is kept. A filter
-    returns ``DynamicFilterOutput(keep, reason)`` or, in slime's older form, a bool."""
-    path = getattr(args, "dynamic_sampling_filter_path", None)
-    if not path:
-        return lambda group: (True, None)
-    function = import_dotted(path, "dynamic_sampling_filter_path")
-
-    def keep(group: list[Any]) -> tuple[bool, str | None]:
-        output = function(args, group)
-        return bool(getattr(output, "keep", output)), getattr(output, "reason", None)
-
-    return keep
-
-
-def settle_groups(in_flight: list[InFlight], trained: Any, status: type[Enum], keep: Keep) -> Settlement:
+def settle_groups(in_flight: list[InFlight], trained: Any, status: type[Enum], keep: Keep) -> SettledGroups:
     """Each group of ``in_flight`` as trained, surplus, filtered or aborted (see the module docstring)."""
     samples = list(leaves(trained))
     ids = {id(s) for s in samples}
     indices = {s.index for s in samples if getattr(s, "index", None) is not None}
     uids = {uid for s in samples if (uid := getattr(s, "prompt_uid", None)) is not None}
-    settled = Settlement()
+    settled = SettledGroups()
     for flight in in_flight:
         if flight.prompt_uid in uids or any(id(s) in ids or s.index in indices for s in flight.group):
             settled.trained.append(flight)
         elif finished(flight.group, status):
-            kept, reason = keep(flight.group)
+            verdict = keep(flight.group)
+            kept, reason = verdict.keep, verdict.reason
             if kept:
                 settled.surplus.append(flight)
             else:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from trajbus.infra.dotted import import_dotted
 from trajbus.pipelines.slime.data_source import SlimeDataSource
 from trajbus.pipelines.slime.settings import SlimeSettings
-from trajbus.streams.worker.settings import import_dotted
 
 __all__ = ["generate_rollout"]
 

@@ -9,7 +9,7 @@ import pytest
 
 from trajbus.pipelines.data_source import DataSourceArgs, RolloutDataSource, RolloutDataSourceWithBuffer, Sample
 from trajbus.streams.wire.ledger import (ABANDONED, BufferEntry, Dispatch, LedgerError, LedgerView, Outcome,
-                                    decode_record, encode_record)
+                                         decode_record, encode_record)
 
 
 class FakeLedger:
@@ -163,6 +163,18 @@ def test_a_dispatch_the_broker_does_not_acknowledge_hands_nothing_out_and_moves_
     groups = source.get_samples(3)
     assert [g[0].prompt for g in groups] == ["b", "q0", "q1"] and groups[0][0].prompt_uid.startswith("b")
     assert [r.origin for r in ledger.records if isinstance(r, Dispatch)][0] == ledger.records[0].entry_id
+
+
+def test_a_refused_dispatch_across_an_epoch_boundary_leaves_the_epoch_in_its_own_order(prompts):
+    ledger = FakeLedger()
+    source = RolloutDataSource(args(prompts, rollout_shuffle=True), ledger=ledger)
+    first = source.get_samples(4)
+    write, ledger.write = ledger.write, lambda records: (_ for _ in ()).throw(RuntimeError("not acknowledged"))
+    with pytest.raises(RuntimeError, match="not acknowledged"):
+        source.get_samples(4)  # crossed into epoch 1, reshuffled, then refused
+    ledger.write = write
+    rest = source.get_samples(2)
+    assert sorted(labels(first + rest)) == [str(i) for i in range(6)], "epoch 0 is one permutation of the prompts"
 
 
 class FakeConsumer:

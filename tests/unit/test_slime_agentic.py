@@ -12,14 +12,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from trajbus.pipelines.samples import Sample, Status
-from trajbus.pipelines.sample_kind import TRAJBUS_SAMPLES
+from trajbus.consumers.slime.sample import Sample, Status
+from trajbus.consumers.slime.sample_kind import TRAJBUS_SAMPLES
 from trajbus.pipelines.slime import SlimeDataSource, SlimeSettings
 from trajbus.pipelines.slime import agentic
 from trajbus.pipelines.slime.agentic_rollout import group_samples, handed_out
 from trajbus.pipelines.slime.harness import SAMPLE_INDEX
-from trajbus.pipelines.slime.rollout_args import RolloutShape, Verdict, dynamic_filter, eval_sets, sampling_of
-from trajbus.pipelines.slime.samples import POLICY_VERSIONS, samples_from_group
+from trajbus.pipelines.slime.rollout_args import (DynamicFilterVerdict, RolloutShape, dynamic_filter, eval_sets,
+                                                  sampling_of)
+from trajbus.consumers.slime.samples import POLICY_VERSIONS, samples_from_group
 from trajbus.streams.wire.records import ReadyGroup, Step
 from tests.unit.test_ledger import FakeLedger
 from tests.unit.test_slime_data_source import no_broker, slime_args  # noqa: F401 (a fixture)
@@ -62,11 +63,12 @@ def test_groups_in_flight_are_topped_up_to_the_over_sampling_batch_while_the_bat
 def test_the_dynamic_filter_is_read_as_slimes_output_or_its_older_bool():
     args = argparse.Namespace(dynamic_sampling_filter_path="tests.unit.test_slime_agentic:keep_label_1")
     verdict = dynamic_filter(args)
-    assert verdict([Sample(label="1")]) == Verdict(True, "label", True)
-    assert verdict([Sample(label="2")]) == Verdict(False, "label", True)
+    assert verdict([Sample(label="1")]) == DynamicFilterVerdict(True, "label", True)
+    assert verdict([Sample(label="2")]) == DynamicFilterVerdict(False, "label", True)
     older = dynamic_filter(argparse.Namespace(dynamic_sampling_filter_path="tests.unit.test_slime_agentic:odd"))
-    assert older([Sample(index=3)]) == Verdict(True) and older([Sample(index=2)]) == Verdict(False)
-    assert dynamic_filter(None)([Sample()]) == Verdict(True)
+    assert older([Sample(index=3)]) == DynamicFilterVerdict(True)
+    assert older([Sample(index=2)]) == DynamicFilterVerdict(False)
+    assert dynamic_filter(None)([Sample()]) == DynamicFilterVerdict(True)
     with pytest.raises(ValueError, match="dynamic_sampling_filter_path: cannot import 'no.such:thing'"):
         dynamic_filter(argparse.Namespace(dynamic_sampling_filter_path="no.such:thing"))
 

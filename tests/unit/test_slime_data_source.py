@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trajbus.pipelines.sample_kind import SampleKind
-from trajbus.pipelines.samples import Sample, Status
+from trajbus.consumers.slime.sample_kind import SampleKind
+from trajbus.consumers.slime.sample import Sample, Status
 from trajbus.pipelines.slime import SlimeDataSource, SlimeSettings, samples_from_group
-from trajbus.pipelines.slime.samples import slime_sample_class
-from trajbus.pipelines.slime.settle import InFlight, dynamic_filter, settle_groups
+from trajbus.consumers.slime.samples import slime_sample_class
+from trajbus.pipelines.slime.rollout_args import DynamicFilterVerdict, dynamic_filter
+from trajbus.pipelines.slime.settle import InFlight, settle_groups
 from trajbus.pipelines.slime.sglang import generate_rollout
 from trajbus.streams.wire.ledger import ABANDONED, EMITTED
 from trajbus.streams.wire.records import Step
@@ -158,15 +159,15 @@ def test_the_rule_matches_a_trained_group_by_index_when_the_rollout_built_new_sa
     copies = [[Sample(index=0)]]  # a rollout that returned new objects, carrying the index
     args = argparse.Namespace(dynamic_sampling_filter_path="tests.slime_rollouts.drop_label_3")
 
-    def all_but_label_2(group: list[Sample]) -> tuple[bool, str]:
-        return group[0].label != "2", "two"
+    def all_but_label_2(group: list[Sample]) -> DynamicFilterVerdict:
+        return DynamicFilterVerdict(group[0].label != "2", "two")
 
     settled = settle_groups(flights, copies, Status, all_but_label_2)
     assert [f.prompt_uid for f in settled.trained] == ["u0"] and [f.prompt_uid for f in settled.surplus] == ["u1"]
     assert [(f.prompt_uid, why) for f, why in settled.filtered] == [("u2", "filtered: two")]
     assert [f.prompt_uid for f in settled.aborted] == ["u3", "u4"], "a sample without its reward is not finished"
-    assert dynamic_filter(args)([Sample(label="3")]) == (False, "label_3")
-    assert dynamic_filter(argparse.Namespace())([Sample(label="3")]) == (True, None)
+    assert dynamic_filter(args)([Sample(label="3")]) == DynamicFilterVerdict(False, "label_3")
+    assert dynamic_filter(argparse.Namespace())([Sample(label="3")]) == DynamicFilterVerdict(True)
 
 
 def test_without_the_settling_rollout_a_checkpoint_counts_what_was_handed_out_before_it(
