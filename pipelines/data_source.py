@@ -43,13 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trajbus.consumers.slime.sample import Sample, Status
+from trajbus.consumers.slime.sample_kind import TRAJBUS_SAMPLES, SampleKind
 from trajbus.pipelines.dispatcher import Dispatcher, Picked, Settling
 from trajbus.pipelines.group_buffer import GroupBuffer, aborted_groups, pop_first
 from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.prompt_cursor import PromptCursor
 from trajbus.pipelines.prompt_dataset import PromptDataset, read_records
-from trajbus.consumers.slime.sample_kind import TRAJBUS_SAMPLES, SampleKind
-from trajbus.consumers.slime.sample import Sample, Status
 from trajbus.streams.wire.ledger import Dispatch
 
 __all__ = ["DataSourceArgs", "PromptDataset", "RolloutDataSource", "RolloutDataSourceWithBuffer", "Sample", "Status",

@@ -13,11 +13,11 @@ from __future__ import annotations
 import uuid
 from typing import Any, Protocol
 
+from trajbus.consumers.slime.sample import Sample
+from trajbus.consumers.slime.sample_kind import SampleKind
 from trajbus.pipelines.ledger import PromptLedger
 from trajbus.pipelines.prompt_cursor import PromptCursor
-from trajbus.consumers.slime.sample_kind import SampleKind
-from trajbus.consumers.slime.sample import Sample
-from trajbus.streams.wire.ledger import BufferEntry, Dispatch
+from trajbus.streams.wire.ledger import BufferEntry, Dispatch, next_attempt
 
 __all__ = ["Dispatcher", "Settling", "WorkerSettles"]
 
@@ -45,12 +45,6 @@ class WorkerSettles:
         ledger.abandon(prompt_uids, why)
 
 
-def _next_attempt(prompt_uid: str) -> str:
-    """The uid a re-issue of ``prompt_uid`` gets: ``<first uid>~<attempt>``."""
-    first, _, attempt = prompt_uid.partition("~")
-    return f"{first}~{int(attempt or 0) + 1}"
-
-
 class Dispatcher:
     """The ``ledger`` (None: nothing recorded) of a data source over ``dataset_id``."""
 
@@ -71,7 +65,7 @@ class Dispatcher:
         if self.ledger is None:
             return group, None
         if source == "reissue":
-            prompt_uid = _next_attempt(origin)
+            prompt_uid = next_attempt(origin)
         elif source == "buffer":
             prompt_uid = f"b{origin or uuid.uuid4().hex[:16]}"
         else:  # a dataset position names the prompt; without a dataset, its first sample does

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from trajbus.infra.dotted import import_dotted
-from trajbus.consumers.slime.sample_kind import SampleKind
 from trajbus.consumers.slime.sample import Sample
+from trajbus.consumers.slime.sample_kind import SampleKind
+from trajbus.infra.dotted import import_dotted
 
 __all__ = ["BufferFilter", "GroupBuffer", "aborted_groups", "pop_first"]
 

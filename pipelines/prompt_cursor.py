@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from trajbus.pipelines.prompt_dataset import PromptDataset
-from trajbus.consumers.slime.sample_kind import SampleKind
 from trajbus.consumers.slime.sample import Sample
+from trajbus.consumers.slime.sample_kind import SampleKind
+from trajbus.pipelines.prompt_dataset import PromptDataset
 
 __all__ = ["PromptCursor"]
 

@@ -10,7 +10,7 @@ Twice a second, in one background thread, per channel in use:
   workers write theirs to; key ``gateway-...``, sample
   ``trajbus_gateway_in_flight_groups``; the key names the instance, ``--instance-id``, so a
   restarted instance replaces its own snapshot) and follows the topic for the others'.
-  A snapshot older than ``LIVE_WITHIN`` seconds is a gateway that stopped: not counted.
+  A snapshot older than ``SNAPSHOT_FRESH_SECONDS`` seconds is a gateway that stopped: not counted.
 
 So several gateways on the same topics see the same backlog, with no
 coordinator: each adds its own exact in-flight count to the others' latest.
@@ -27,13 +27,14 @@ from typing import Callable
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from trajbus.infra.clients import acked_producer, reader
-from trajbus.streams.wire.stats import decode_snapshot, encode_snapshot, in_flight_groups, in_flight_snapshot
+from trajbus.streams.wire.stats import (GATEWAY_KEY, decode_snapshot, encode_snapshot, in_flight_groups,
+                                        in_flight_snapshot)
 from trajbus.streams.wire.topics import groups_topic, stats_topic, trainer_group_id
 
 log = logging.getLogger("trajbus.gateway")
 
 REFRESH_SECONDS = 0.5
-LIVE_WITHIN = 5.0
+SNAPSHOT_FRESH_SECONDS = 5.0
 """Seconds a snapshot or a read of the lag stays valid: older is a gateway that stopped, or a lag unknown."""
 
 
@@ -75,12 +76,12 @@ class BacklogMonitor:
         """Ready groups the trainer has not consumed; None until read (or while Kafka does not answer)."""
         self.watch(channel)
         ready, read_at = self._ready.get(channel, (None, 0.0))
-        return ready if time.monotonic() - read_at <= LIVE_WITHIN else None
+        return ready if time.monotonic() - read_at <= SNAPSHOT_FRESH_SECONDS else None
 
     def elsewhere(self, channel: str) -> set[str]:
         """Prompt groups in flight at the other live gateways: a group whose rollouts several gateways
         serve is one group."""
-        horizon = time.time() - LIVE_WITHIN
+        horizon = time.time() - SNAPSHOT_FRESH_SECONDS
         groups: set[str] = set()
         for at, by_channel in list(self._others.values()):
             if at >= horizon:
@@ -138,7 +139,7 @@ class BacklogMonitor:
             if message.error() or message.key() is None:
                 continue
             key = message.key().decode(errors="replace")
-            if key == self.gateway_id or not key.startswith("gateway-"):
+            if key == self.gateway_id or not key.startswith(GATEWAY_KEY):
                 continue
             if message.value() is None:  # a gateway that stopped
                 self._others.pop(key, None)

@@ -17,6 +17,7 @@ from trajbus.gateway.admission.rules import Admission
 from trajbus.gateway.config import GatewaySettings
 from trajbus.gateway.errors import bad_request
 from trajbus.gateway.metrics import GatewayMetrics
+from trajbus.streams.wire.stats import gateway_key
 
 BACKLOG_KINDS = ("ready", "in_flight_here", "in_flight_elsewhere")
 
@@ -46,7 +47,7 @@ class Pacing:
         """Start reading the backlog (from the Kafka link's thread, once connected); no-op when pacing is off."""
         if not self.active:
             return
-        backlog = BacklogMonitor(servers, self.settings.prefix, f"gateway-{self.settings.instance}",
+        backlog = BacklogMonitor(servers, self.settings.prefix, gateway_key(self.settings.instance),
                                  self.admission.in_flight,
                                  lambda: self._loop.call_soon_threadsafe(self._refreshed))
         backlog.watch(self.settings.default_channel)

@@ -107,8 +107,9 @@ class ChatCompletions:
         self.engine.check_length(prompt.ids)
         await self.kafka.ensure_channel(trajectory.channel)  # Kafka down: 503 before the engine does any work
         sampling = request.engine_params(self.settings.response_length)
-        generation = await self.engine.begin(prompt.ids, sampling, self.lifecycle.policy_version(trajectory),
-                                             trajectory.backend, bool(request.stream), wait)
+        await self.engine.hold(wait)  # then the version: a call held through an update is stamped with the new one
+        generation = self.engine.generation(prompt.ids, sampling, self.lifecycle.policy_version(trajectory),
+                                            trajectory.backend, bool(request.stream))
         call = (kind or ChatCall)(self, trajectory, request, messages, prompt, generation)
         call.spans = call_spans(trajectory, traceparent, started_ns)
         return call

@@ -2,8 +2,8 @@
 
 A call's prompt is checked against ``--prompt-length``, the call is held while a weight update pauses
 generation (``gateway.engine.updates``), and its ``Generation`` streams from the engines (or takes one JSON
-answer, ``--engine-streaming``); an engine's failure is the agent's 502, no engine the agent's 503
-``no_backend``. ``GatewayService`` builds it once and hands it to each caller.
+answer, ``--engine-streaming``); an engine's failure is the agent's error with the engine's status (502 when
+it gave none), no engine the agent's 503 ``no_backend``. ``GatewayService`` builds it once and hands it to each caller.
 """
 
 from __future__ import annotations
@@ -45,11 +45,15 @@ class EngineCalls:
             raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {what} "
                               f"resulted in {len(prompt_ids)} tokens.", param=what, code="context_length_exceeded")
 
-    async def begin(self, prompt_ids: AnyIds, sampling: dict[str, Any], version: int, preferred: str | None,
-                    stream: bool, wait: float) -> Generation:
-        """The call's generation, not started: held first while generation is paused (``wait`` seconds, else
-        429). ``stream``: the client reads the pieces as they come (one token per engine event)."""
+    async def hold(self, wait: float) -> None:
+        """Wait while generation is paused for a weight update, up to ``wait`` seconds, else 429; the caller reads
+        the version and the engine to stamp the call with after this, so a held call gets the resumed ones."""
         await self.updates.hold(wait)
+
+    def generation(self, prompt_ids: AnyIds, sampling: dict[str, Any], version: int, preferred: str | None,
+                   stream: bool) -> Generation:
+        """The call's generation, not started. ``stream``: the client reads the pieces as they come (one token
+        per engine event)."""
         settings = self.settings
         return Generation(self.pool, self.updates, self.metrics, prompt_ids, sampling, version, preferred,
                           self._stop_ids(), stream or settings.engine_streaming == "always",

@@ -4,7 +4,7 @@ Calls of one trajectory stay on one backend while it is healthy (its prefix
 cache holds the conversation so far). A backend that refuses a connection, or
 fails its health check, is taken out; the health loop puts it back once
 ``GET /health`` answers again. A health check that only gets no answer in time
-takes out no backend that answered lately (``backend_health``: a busy engine
+takes out no backend that answered lately (``gateway.engine.health``: a busy engine
 is not a dead one). A request is retried on another backend when
 no answer came from the first: the connection could not be made, or it broke
 before any response (a server closing its idle keep-alive connections as it
@@ -18,7 +18,7 @@ per-token ``logprobs`` with ``return_tokens_as_token_ids``, so the sampled ids
 come with their log-probs. Not ``return_token_ids``: it makes vLLM echo the
 whole prompt's ids in every answer, which the gateway would parse only to drop
 (8k ids of JSON per call on a long conversation). An answer that carries
-``token_ids`` anyway is read from them. Answers are read in ``engine_answers``.
+``token_ids`` anyway is read from them. Answers are read in ``gateway.engine.answers``.
 
 The engine client is aiohttp (its per-request overhead at hundreds of concurrent
 calls is a fraction of httpx's), and request and answer bodies are orjson: the
@@ -96,7 +96,7 @@ def request_body(prompt_ids: AnyIds, sampling: dict[str, Any], model: str | None
 
 
 HEALTH_TIMEOUT = 5.0
-"""Seconds a health probe waits for its answer (a slower one is judged by ``backend_health``)."""
+"""Seconds a health probe waits for its answer (a slower one is judged by ``gateway.engine.health``)."""
 JSON_HEADERS = {"Content-Type": "application/json"}
 KEEPALIVE_SECONDS = 2.0
 """Idle connections are dropped before servers close them (uvicorn, vLLM's server: after 5 s), so a

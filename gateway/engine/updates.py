@@ -53,6 +53,8 @@ class UpdateGate:
         self.paused_at: float | None = None
         """``time.monotonic()`` of the pause in force, None while generating."""
         self.running: set[Cuttable] = set()
+        self.held = 0
+        """New calls waiting for the resume (``?wait=``): they begin under the version it brings."""
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._left = asyncio.Event()
@@ -119,8 +121,12 @@ class UpdateGate:
         if not self.paused:
             return
         limit = max(self.remaining(), 0.0)
-        if await self._wait(min(wait, limit)):
-            return
+        self.held += 1
+        try:
+            if await self._wait(min(wait, limit)):
+                return
+        finally:
+            self.held -= 1
         if wait >= limit:  # the pause limit, not the caller's wait, ended the hold
             raise self.too_long()
         raise GatewayError(429, "generation is paused for a weight update; retry shortly, or call with "
@@ -150,4 +156,5 @@ class UpdateGate:
 
     def state(self) -> dict[str, Any]:
         return {"paused": self.paused, "version": self.served.resumed, "in_flight": len(self.running),
+                "held": self.held,
                 "paused_seconds": round(time.monotonic() - self.paused_at, 3) if self.paused else 0.0}

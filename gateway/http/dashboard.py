@@ -15,15 +15,22 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from trajbus.streams.wire.stats import summarize
+from trajbus.gateway.admission.pacing import Pacing
+from trajbus.gateway.broker.kafka_link import KafkaLink
+from trajbus.gateway.engine.updates import UpdateGate
+from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.streams.client.snapshots import read_snapshots
+from trajbus.streams.wire.stats import summarize
 
 PAGE = Path(__file__).parent / "static" / "dashboard.html"
 
 
 class DashboardData:
-    def __init__(self, service: Any, max_age: float = 1.0) -> None:
-        self.service = service
+    """What the page shows, from the parts it is handed; the workers' snapshots read at most every ``max_age``."""
+
+    def __init__(self, kafka: KafkaLink, prefix: str, metrics: GatewayMetrics, updates: UpdateGate, pacing: Pacing,
+                 max_age: float = 1.0) -> None:
+        self.kafka, self.prefix, self.metrics, self.updates, self.pacing = kafka, prefix, metrics, updates, pacing
         self.max_age = max_age
         self._cached: tuple[float, dict[str, Any]] | None = None
         self._lock = asyncio.Lock()
@@ -40,18 +47,18 @@ class DashboardData:
         return (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0])
 
     def _worker_summary(self) -> dict[str, dict[str, Any]]:
-        servers = self.service.kafka.bootstrap_servers
-        return summarize(read_snapshots(servers, self.service.settings.prefix, timeout=5.0)) if servers else {}
+        servers = self.kafka.bootstrap_servers
+        return summarize(read_snapshots(servers, self.prefix, timeout=5.0)) if servers else {}
 
     def _updates(self) -> dict[str, Any]:
         """Weight updates: paused now, updates so far and their mean pause, generations cut/continued/expired."""
-        metrics = self.service.metrics
+        metrics = self.metrics
         paused = {s.name.rsplit("_", 1)[-1]: s.value for m in metrics.pause_seconds.collect() for s in m.samples
                   if s.name.endswith(("_sum", "_count"))}
         events = {s.labels["event"]: int(s.value) for m in metrics.generations.collect() for s in m.samples
                   if s.name.endswith("_total")}
         count = int(paused.get("count", 0))
-        return {**self.service.updates.state(), "updates": count,
+        return {**self.updates.state(), "updates": count,
                 "mean_pause_s": paused.get("sum", 0.0) / count if count else None,
                 **{event: events.get(event, 0) for event in ("cut", "continued", "expired")}}
 
@@ -61,7 +68,7 @@ class DashboardData:
                 workers = await asyncio.to_thread(self._worker_summary)
                 self._cached = (time.monotonic(), workers)
             workers = self._cached[1]
-        metrics = self.service.metrics
+        metrics = self.metrics
         steps = sum(s.value for m in metrics.steps.collect() for s in m.samples if s.name.endswith("_total"))
         rewards: dict[str, dict[str, float]] = {}
         for metric in metrics.reward.collect():
@@ -84,8 +91,8 @@ class DashboardData:
         admissions += [[s.labels["channel"], "waiting now", s.labels["reason"], int(s.value)]
                        for m in metrics.waiting.collect() for s in m.samples if s.value]
         return {
-            "admission": self.service.pacing.state(), "admissions": admissions, "updates": self._updates(),
-            "time": time.time(), "prefix": self.service.settings.prefix, "steps_published": int(steps),
+            "admission": self.pacing.state(), "admissions": admissions, "updates": self._updates(),
+            "time": time.time(), "prefix": self.prefix, "steps_published": int(steps),
             "steps_per_s": round(self._rate(steps), 2),
             "groups_emitted": int(sum(row.get("groups[emitted]", 0) for row in workers.values())),
             "queue_depth": int(sum(row.get("queue_depth", 0) for row in workers.values())),

@@ -16,7 +16,7 @@ from trajbus.gateway.service import GatewayService
 
 def operations_router(service: GatewayService, admin: list) -> APIRouter:
     router = APIRouter()
-    dashboard = DashboardData(service)
+    dashboard = DashboardData(service.kafka, service.settings.prefix, service.metrics, service.updates, service.pacing)
 
     @router.get("/health")
     async def health() -> dict[str, str]:

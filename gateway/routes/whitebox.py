@@ -69,9 +69,9 @@ def whitebox_router(service: GatewayService, admin: list) -> APIRouter:
         await lifecycle.admit_generation(uid, body.prompt_uid, body.channel, body.step_index, body.policy_version,
                                          wait)
         sampling = body.engine_params(settings.response_length)
+        await engine.hold(wait)  # then the version: a call held through an update is stamped with the new one
         version = body.policy_version if body.policy_version is not None else service.served.stamp(body.channel)
-        generation = await engine.begin(body.prompt_ids, sampling, version, backends.remembered(uid), stream=False,
-                                        wait=wait)
+        generation = engine.generation(body.prompt_ids, sampling, version, backends.remembered(uid), stream=False)
         await engine.run(generation)
         backends.remember(uid, generation.backend)
         choices = [{"index": c.index, "response_ids": c.token_ids, "log_probs": c.logprobs,

@@ -1,6 +1,6 @@
 """The policy version the engines serve: one owner for the gateway.
 
-Two things tell it: the trainer's policy topic (``streams.client.policy``: a channel's
+Two things tell it: the trainer's policy topic (``streams.wire.policy``: a channel's
 ``serving.`` key, else the trainer's version), followed once Kafka is connected,
 and the last ``POST /admin/resume``, which names the version the engines were
 loaded with (it may come before the gateway reads that version from Kafka). The

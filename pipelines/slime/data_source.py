@@ -31,13 +31,13 @@ import logging
 import threading
 from typing import Any
 
+from trajbus.consumers.slime.samples import sample_kind
 from trajbus.consumers.trained_log import StepRecorder, TrainedLog
 from trajbus.pipelines.data_source import RolloutDataSourceWithBuffer
 from trajbus.pipelines.group_buffer import aborted_groups
 from trajbus.pipelines.ledger import PromptLedger
-from trajbus.consumers.slime.samples import sample_kind
-from trajbus.pipelines.slime.settings import SlimeSettings, source_args
 from trajbus.pipelines.slime.rollout_args import dynamic_filter
+from trajbus.pipelines.slime.settings import SlimeSettings, source_args
 from trajbus.pipelines.slime.settle import InFlight, SettledGroups, leaves, settle_groups
 from trajbus.streams.wire.ledger import ABANDONED, DROPPED, EMITTED, Dispatch, Outcome
 from trajbus.streams.wire.topics import trainer_group_id
@@ -63,6 +63,9 @@ class RolloutSettles:
 
     def give_up(self, ledger: PromptLedger, prompt_uids: list[str], why: str) -> None:
         ledger.write([Outcome(uid, DROPPED, why) for uid in prompt_uids])
+
+
+SOURCE_POSITION = frozenset({"epoch_id", "sample_offset", "sample_index", "due"})
 
 
 class SlimeDataSource:
@@ -98,6 +101,13 @@ class SlimeDataSource:
         where = f"ledger {ledger.topic} (settled by {self.settings.settled_by})" if ledger else "no ledger"
         log.info("trajbus data source: %s, %d prompts, %s, %d groups due again, %d buffered", self.kind.name,
                  len(self), where, len(self.source.due), self.get_buffer_length())
+
+    def __getattr__(self, name: str) -> Any:
+        """Where the source stands (``epoch_id``, ``sample_offset``, ``sample_index``, ``due``), as slime's own
+        data source has it: rollout functions written for slime read them."""
+        if name in SOURCE_POSITION:
+            return getattr(self.source, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def metadata(self) -> dict[str, Any]:

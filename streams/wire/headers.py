@@ -42,11 +42,15 @@ def source_headers(partition: int, offset: int) -> Headers:
 
 
 def source_of(headers: Mapping[str, bytes]) -> tuple[int, int] | None:
-    """(source partition, offset of the last event) a group record names; None if it names none."""
+    """(source partition, offset of the last event) a group record names; None if it names none or names them
+    unreadably (a record another writer put there is not the worker's)."""
     partition, offset = headers.get(SOURCE_PARTITION), headers.get(SOURCE_OFFSET)
     if partition is None or offset is None:
         return None
-    return int(partition), int(offset)
+    try:
+        return int(partition), int(offset)
+    except ValueError:
+        return None
 
 
 def encode_traceparents(parents: Mapping[str, str | None]) -> bytes:

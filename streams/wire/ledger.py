@@ -9,7 +9,7 @@ replaced by its outcome):
   agent starts on it (dataset position, sample indices, ``n_rollouts``, channel, version);
 - ``outcome/<prompt_uid>``: the stream worker emitted the group, or dropped it with its
   reason; written, acknowledged, before the worker records the group as done, and again
-  by the worker's recovery for a group emitted but not yet recorded, so it is never missing;
+  by the worker's reconciliation for a group emitted but not yet recorded, so it is never missing;
 - ``buffer/<id>``: a group added to slime's buffer (aborted or returned), taken by the
   dispatch that names it as its origin: the buffer needs no checkpoint.
 
@@ -31,7 +31,7 @@ from typing import Any, Iterable
 import orjson
 
 __all__ = ["ABANDON", "ABANDONED", "ABANDON_TRAJECTORY", "BufferEntry", "CONTENT_TYPE", "Dispatch", "LedgerError",
-           "LedgerView", "Outcome", "decode_record", "encode_record", "fingerprint"]
+           "LedgerView", "Outcome", "attempt_of", "decode_record", "encode_record", "fingerprint", "next_attempt"]
 
 CONTENT_TYPE = "application/json; schema=trajbus.prompt-ledger; v=1"
 ABANDON = "trajbus.abandon"
@@ -41,6 +41,24 @@ ABANDON_TRAJECTORY = "*"
 ABANDONED = "abandoned"
 """The reason the worker drops an abandoned group with."""
 EMITTED, DROPPED = "emitted", "dropped"
+
+
+ATTEMPT = "~"
+"""A re-issue's uid is the first uid, this, and its attempt: ``<first uid>~<attempt>``."""
+
+
+def attempt_of(prompt_uid: str) -> tuple[str, int]:
+    """(first uid, attempt) of a prompt uid; attempt 0 for a first issue. ``ValueError`` for a bad attempt."""
+    first, _, attempt = prompt_uid.partition(ATTEMPT)
+    return first, int(attempt or 0)
+
+
+def next_attempt(prompt_uid: str, attempt: int | None = None) -> str:
+    """The uid of a re-issue: the next attempt after ``prompt_uid``'s, or ``attempt`` of its first uid (0: the
+    first uid itself)."""
+    first, current = attempt_of(prompt_uid)
+    attempt = current + 1 if attempt is None else attempt
+    return f"{first}{ATTEMPT}{attempt}" if attempt else first
 
 
 class LedgerError(ValueError):

@@ -27,8 +27,14 @@ def snapshot_of(writer_id: str, samples: list[list[Any]], stopped: bool = False)
     return {**snapshot, "stopped": True} if stopped else snapshot
 
 
+GATEWAY_KEY = "gateway-"
+"""A gateway's snapshots are keyed ``gateway-<instance id>``; a worker's by its worker id."""
 IN_FLIGHT_SAMPLE = "trajbus_gateway_in_flight_groups"
 """A gateway's sample: the groups it has in flight on a channel (label ``channel``)."""
+
+
+def gateway_key(instance: str) -> str:
+    return f"{GATEWAY_KEY}{instance}"
 
 
 def in_flight_snapshot(gateway_id: str, groups: dict[str, set[str]]) -> dict[str, Any]:

@@ -109,11 +109,11 @@ class EventApplier:
                                                 f"{delta.base_index}, which its trajectory does not have")
             return
         was_complete = uid in group.trajectories and group.is_complete(uid)
-        outcome = group.add(event, message.offset, self.settings.channel(channel).n_rollouts)
-        if outcome is EventEffect.UNKNOWN_TRAJECTORY:
+        effect = group.add(event, message.offset, self.settings.channel(channel).n_rollouts)
+        if effect is EventEffect.UNKNOWN_TRAJECTORY:
             await self.to_dlq(message, channel, f"unknown_trajectory: {uid} has no steps")
             return
-        if outcome is EventEffect.DUPLICATE:
+        if effect is EventEffect.DUPLICATE:
             self.metrics.duplicates.labels(channel).inc()
             return
         group.last_offset = message.offset
@@ -121,7 +121,7 @@ class EventApplier:
             self.bodies.put((channel, partition), message.offset, message.value)
         if not was_complete and group.is_complete(uid):
             self.metrics.trajectories.labels(channel).inc()
-        if outcome is EventEffect.READY:
+        if effect is EventEffect.READY:
             await self.emission.finish(partition, group, "complete")
         else:
             self.state.update_group(partition, group)

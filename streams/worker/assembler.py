@@ -199,7 +199,7 @@ def changelog_topic_name(app: faust.App) -> str:
 
 
 def build_app(bootstrap_servers: str, settings: WorkerSettings, datadir: Path, metrics: WorkerMetrics,
-              chores: WorkerChores) -> tuple[faust.App, GroupAssembler]:
+              chores: WorkerChores) -> faust.App:
     """A Faust app wired for ``settings``; run it with ``streams.worker.process.run_worker``, which owns
     ``metrics`` and ``chores`` (and starts and closes the chores)."""
     app = worker_app(bootstrap_servers, settings, datadir)
@@ -239,4 +239,4 @@ def build_app(bootstrap_servers: str, settings: WorkerSettings, datadir: Path, m
     async def forget_positions_on_assign(app: faust.App, assigned: set, **kwargs: Any) -> None:
         assembler.recovery.forget()
 
-    return app, assembler
+    return app

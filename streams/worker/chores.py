@@ -16,10 +16,10 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from trajbus.infra.clients import acked_producer
 from trajbus.streams.client.policy import PolicyWatcher
+from trajbus.streams.wire.stats import encode_snapshot
 from trajbus.streams.wire.topics import stats_topic
 from trajbus.streams.worker.settings import WorkerSettings
 from trajbus.streams.worker.stats import WorkerMetrics
-from trajbus.streams.wire.stats import encode_snapshot
 
 log = logging.getLogger("trajbus.worker")
 

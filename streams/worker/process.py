@@ -132,7 +132,7 @@ def run_worker(settings: WorkerSettings, bootstrap_servers: str | None = None) -
     with tempfile.TemporaryDirectory(prefix=f"trajbus-{settings.app_id}-") as datadir:
         metrics = WorkerMetrics()
         chores = WorkerChores(settings, servers, metrics)  # started once the topics exist
-        app, _ = build_app(servers, settings, Path(datadir), metrics, chores)
+        app = build_app(servers, settings, Path(datadir), metrics, chores)
         changelog = changelog_topic_name(app)
         _provision(servers, worker_topics(settings, changelog), outage_limit,
                    check=partial(_match_partitions, servers, settings, changelog))

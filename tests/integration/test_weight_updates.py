@@ -200,6 +200,30 @@ def test_a_pause_past_its_limit_ends_held_and_cut_calls_retryably(
         (second["trajectory_uid"], 3, None)]  # the cut call published nothing; the retry the new version
 
 
+def test_calls_held_through_an_update_are_stamped_with_the_version_it_brings(
+        bootstrap_servers, prefix, scripted_engine, start_gateway):
+    """A call that arrives during the pause waits (``?wait=``) and samples under the resumed weights: its step
+    and ``/generate``'s answer say the resumed version, not the one served when the call arrived."""
+    engine, _ = scripted_engine(["Held.", "Held too."])
+    gateway, _ = start_gateway([engine], ["--response-length", "64"])
+    trajectory = httpx.post(f"{gateway}/init_trajectory", json={"prompt_uid": "held"}).json()
+    assert httpx.post(f"{gateway}/admin/pause", json={}).json()["cut"] == 0
+    with ThreadPoolExecutor(2) as pool:
+        chat = pool.submit(httpx.post, f"{trajectory['base_url']}/chat/completions", params={"wait": 30},
+                           json={"messages": ASKED}, timeout=60)
+        generate = pool.submit(httpx.post, f"{gateway}/generate", params={"wait": 30},
+                               json={"prompt_ids": [5, 6, 7]}, timeout=60)
+        wait_for(lambda: httpx.get(f"{gateway}/admin/pause").json()["held"] == 2, 30, "both calls to be held")
+        assert httpx.post(f"{gateway}/admin/resume", json={"version": 4}).status_code == 200
+        assert chat.result().status_code == 200
+        answer = generate.result().json()
+    assert answer["policy_version"] == 4 and answer["version_segments"] is None
+    assert httpx.get(f"{gateway}/admin/pause").json()["held"] == 0
+    events = decode_step_events(read_to_end(bootstrap_servers, steps_topic("train", prefix)))
+    assert [(e.trajectory_uid, e.policy_version, e.version_segments) for e in events] == [
+        (trajectory["trajectory_uid"], 4, None)]
+
+
 def test_a_call_read_as_one_answer_is_waited_for_not_cut(bootstrap_servers, prefix, scripted_engine, start_gateway):
     engine, record = scripted_engine([{"text": STREAMED, "token_delay": DELAY}])
     gateway, _ = start_gateway([engine], ["--response-length", "256", "--engine-streaming", "when-asked"])

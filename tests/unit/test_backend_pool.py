@@ -1,5 +1,5 @@
 """The backend pool's choice of backend (round robin, stickiness, health), without any HTTP request; its
-health checks and answers wired to ``backend_health``, against a small engine served in the test."""
+health checks and answers wired to ``gateway.engine.health``, against a small engine served in the test."""
 
 from __future__ import annotations
 

@@ -166,6 +166,18 @@ def wire_violations(imports: Iterable[Import]) -> list[str]:
     return found
 
 
+COMPOSER = "trajbus.gateway.service"
+ABOVE_THE_COMPOSER = ("trajbus.gateway.routes", "trajbus.gateway.app", "trajbus.gateway.server")
+"""The gateway's composer builds its parts: only the HTTP surface and the process it serves take it whole."""
+
+
+def composer_violations(imports: Iterable[Import]) -> list[str]:
+    """Imports of the gateway's composer by a part it composes."""
+    return [f"{each} (a part the composer builds may not import it)" for each in imports
+            if each.imported == COMPOSER and not each.importer.startswith(ABOVE_THE_COMPOSER)
+            and each.importer.startswith("trajbus.gateway.")]
+
+
 def _graph(imports: Iterable[Import], modules: set[str]) -> dict[str, dict[str, Import]]:
     """module -> {imported module: its first import} over the imports that run, between product modules."""
     graph: dict[str, dict[str, Import]] = {m: {} for m in modules}
@@ -251,6 +263,11 @@ def test_the_wire_imports_only_the_standard_library_its_codecs_and_itself():
     assert not violations, _lines(violations)
 
 
+def test_no_gateway_part_imports_its_composer():
+    violations = composer_violations(product_imports())
+    assert not violations, _lines(violations)
+
+
 def test_no_import_cycle():
     found = cycles(product_imports(), discover(ROOT))
     assert not found, _lines(found)
@@ -280,6 +297,17 @@ def test_an_upward_import_is_named_by_file_line_and_module(tmp_path):
         "infra/base.py:5: trajbus.infra.base imports trajbus.pipelines.cli "
         "(layer infra may not import layer pipelines)",
     ]
+
+
+def test_a_part_that_imports_the_composer_is_named(tmp_path):
+    imports = _tree(tmp_path, {
+        "gateway/service.py": "",
+        "gateway/chat/completions.py": "from trajbus.gateway.service import GatewayService\n",
+        "gateway/routes/chat.py": "from trajbus.gateway.service import GatewayService\n",
+    })
+    assert composer_violations(imports) == [
+        "gateway/chat/completions.py:1: trajbus.gateway.chat.completions imports trajbus.gateway.service "
+        "(a part the composer builds may not import it)"]
 
 
 def test_a_type_checking_import_counts_for_the_layers_not_for_cycles(tmp_path):

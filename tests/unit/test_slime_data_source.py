@@ -90,6 +90,8 @@ def test_slime_builds_it_from_a_bare_args_and_without_a_broker_it_says_so_once_a
     assert [[(s.index, s.group_index, s.status) for s in g] for g in groups] == \
         [[(0, 0, Status.PENDING), (1, 0, Status.PENDING)]]
     assert len(source) == 0 and source.ledger is None
+    assert (source.epoch_id, source.sample_offset, source.sample_index, source.due) == (0, 0, 2, []), \
+        "where it stands, read as on slime's own data source"
     source.add_samples([[Sample(index=0), Sample(index=1)], [Sample(index=2), Sample(index=3)]])
     assert source.get_buffer_length() == 2 and [s.index for s in source.get_samples(1)[0]] == [0, 1]
     assert source.save(1) is None and source.load(1) is False, "nowhere to save: slime's args has no save"
