@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, Summary
 
+from trajbus.gateway import gc_pauses
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf"))
 
 
@@ -58,3 +60,4 @@ class GatewayMetrics:
                                        "update (pause to resume)", buckets=LATENCY_BUCKETS, registry=r)
         self.reward = Summary("trajbus_gateway_trajectory_reward", "Rewards of finished trajectories",
                               ["policy_version"], registry=r)
+        gc_pauses.register(r)  # trajbus_gateway_gc_pause_seconds{generation}, trajbus_gateway_gc_pause_max_seconds

@@ -21,6 +21,7 @@ import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from trajbus.gateway import gc_pauses
 from trajbus.gateway.config import EXIT_USAGE, GatewaySettings, add_gateway_arguments, settings_from_args
 from trajbus.gateway.errors import bad_request
 from trajbus.gateway.fleet import BACKLOG, GatewayFleet
@@ -154,6 +155,7 @@ def serve(settings: GatewaySettings, sockets: list[socket.socket] | None = None)
     server = DrainingServer(config, app.state.service, settings.drain_delay)
     raise_open_files_limit(settings.max_concurrent_calls)
     tune_for_serving()  # the app is built: its objects are frozen, the collector set for the calls' lists
+    gc_pauses.PAUSES.reset()  # /metrics counts the pauses calls can wait out, not the startup's
     app.state.service.stop_serving = lambda: setattr(server, "should_exit", True)  # graceful, as on SIGTERM
     server.run(sockets=sockets)
     service = app.state.service

@@ -10,7 +10,8 @@ request gets the next reply of the script, encoded character by character and
 ended by EOS, and every prompt it received can be appended to a JSON-lines file.
 A reply may also be ``{"text": ..., "delay": seconds}`` (a slow call),
 ``{"text": ..., "token_delay": seconds}`` (a slow generation: that long before
-each token, so a weight update can cut it mid-response) or ``{"fail": message,
+each token, so a weight update can cut it mid-response; on a schedule from the call's start, so a
+generation lasts its tokens x the delay even when many at once wake late) or ``{"fail": message,
 "delay": seconds}`` (a call the engine fails with HTTP 500), so tests can script
 an engine's faults. Two more misbehave as a broken engine or proxy would, to a
 streaming request only (``Misbehaving``; meant for scripts served one call at a
@@ -207,9 +208,10 @@ class ScriptedEngine:
         text = reply.text if not start and finish == "stop" else self.tokenizer.decode(ids, skip_special_tokens=True)
         values: list[float] = []
         streamed = ""
+        paced_from = time.monotonic()
         for k, token in enumerate(ids):
-            if reply.token_delay:
-                time.sleep(reply.token_delay)
+            if reply.token_delay:  # token k is due k + 1 delays after the start: a late wakeup does not delay the rest
+                time.sleep(max(0.0, paced_from + (k + 1) * reply.token_delay - time.monotonic()))
             values.append(log_prob(start + k, self.loads))  # the weights this token is sampled with
             with self._lock:  # several generations at once (--workers)
                 self.sampled_tokens += 1
