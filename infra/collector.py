@@ -27,3 +27,10 @@ def tune_for_serving() -> None:
     gc.collect()  # what startup left as garbage is not frozen with the rest
     gc.freeze()
     gc.set_threshold(*SERVING_THRESHOLDS)
+
+
+def freeze_loaded() -> None:
+    """Call once long-lived state that loads after ``tune_for_serving`` is built (the gateway's tokenizer loads
+    in a thread while the server already answers ``/ready``): full collections then skip it too. Without it,
+    every full collection walks the tokenizer's tens of thousands of objects again."""
+    gc.freeze()

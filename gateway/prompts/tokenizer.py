@@ -21,6 +21,7 @@ import time
 from typing import Callable
 
 from trajbus.gateway.prompts.conversation import CUMULATIVE, PromptBuilder
+from trajbus.infra.collector import freeze_loaded
 from trajbus.infra.tokenizer_loading import load_tokenizer
 
 log = logging.getLogger("trajbus.gateway")
@@ -85,6 +86,7 @@ class ChatTokenizer:
             if not getattr(tokenizer, "chat_template", None):
                 raise ValueError("it has no chat template (the gateway renders conversations with it)")
             self._prompts = PromptBuilder(tokenizer, self.multi_turn)
+            freeze_loaded()  # the tokenizer lives as long as the server: no full collection walks it again
             self._tokenizer = tokenizer
             log.info("tokenizer loaded path=%s vocab=%d seconds=%.2f", self.path, len(tokenizer),
                      time.monotonic() - started)
