@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from trajbus.pipelines.agents import AgentStopped, BlackBoxAgent, Episode, WhiteBoxAgent
 from trajbus.pipelines.envs import Observation
-from trajbus.streams.wire.ledger import Dispatch, attempt_of, next_attempt
+from trajbus.streams.wire.ledger import Dispatch, attempt_of, with_attempt
 
 if TYPE_CHECKING:
     from trajbus.pipelines.ledger import PromptLedger
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 def roll_prompt_uid(group_id: int, episode_id: int, episode_seed: int, attempt: int = 0) -> str:
     """ROLL's group id ``{group_id}_{episode_id}_{episode_seed}``; a re-issue after a resume adds ``~{attempt}``."""
-    return next_attempt(f"{group_id}_{episode_id}_{episode_seed}", attempt)
+    return with_attempt(f"{group_id}_{episode_id}_{episode_seed}", attempt)
 
 
 def parse_prompt_uid(prompt_uid: str) -> tuple[int, int, int, int] | None:

@@ -31,7 +31,8 @@ from typing import Any, Iterable
 import orjson
 
 __all__ = ["ABANDON", "ABANDONED", "ABANDON_TRAJECTORY", "BufferEntry", "CONTENT_TYPE", "Dispatch", "LedgerError",
-           "LedgerView", "Outcome", "attempt_of", "decode_record", "encode_record", "fingerprint", "next_attempt"]
+           "LedgerView", "Outcome", "attempt_of", "decode_record", "encode_record", "fingerprint", "next_attempt",
+           "with_attempt"]
 
 CONTENT_TYPE = "application/json; schema=trajbus.prompt-ledger; v=1"
 ABANDON = "trajbus.abandon"
@@ -53,12 +54,15 @@ def attempt_of(prompt_uid: str) -> tuple[str, int]:
     return first, int(attempt or 0)
 
 
-def next_attempt(prompt_uid: str, attempt: int | None = None) -> str:
-    """The uid of a re-issue: the next attempt after ``prompt_uid``'s, or ``attempt`` of its first uid (0: the
-    first uid itself)."""
-    first, current = attempt_of(prompt_uid)
-    attempt = current + 1 if attempt is None else attempt
-    return f"{first}{ATTEMPT}{attempt}" if attempt else first
+def with_attempt(first_uid: str, attempt: int) -> str:
+    """The uid of ``attempt`` of a prompt first issued as ``first_uid`` (attempt 0: ``first_uid`` itself)."""
+    return f"{first_uid}{ATTEMPT}{attempt}" if attempt else first_uid
+
+
+def next_attempt(prompt_uid: str) -> str:
+    """The uid of the re-issue after ``prompt_uid``."""
+    first, attempt = attempt_of(prompt_uid)
+    return with_attempt(first, attempt + 1)
 
 
 class LedgerError(ValueError):
