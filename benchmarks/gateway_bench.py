@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
                 ["--prompt-length", "16384", "--response-length", "512", *flags]).start())
         (workdir / "prompts.json").write_bytes(orjson.dumps(prompts))
         processes.append(floor_process(floor_port, f"127.0.0.1:{engine_port}", bootstrap, workdir / "prompts.json",
-                                       workdir / "library-floor.log").start())
+                                       model, workdir / "library-floor.log").start())
         gateways = {name: [f"http://127.0.0.1:{port}"] for name, port in
                     (("single", gateway_port), ("render", rendering_port), ("when-asked", when_asked_port),
                      ("floor", floor_port))}

@@ -87,8 +87,8 @@ def print_tables(result: dict) -> None:
                 [[r["agents"], f"{gateway_cpu(r):.2f} ms", f"{gateway_cpu(f):.2f} ms",
                   f"{gateway_cpu(r) / gateway_cpu(f):.2f}x", f"{r['gateway_rps']:.1f}", f"{f['gateway_rps']:.1f}"]
                  for r, f in zip(result["levels"], result["library_floor"])],
-                title="The libraries' floor (benchmarks.library_floor: the same calls through uvicorn, an aiohttp "
-                      "engine stream and one acknowledged produce, no trajbus code)")
+                title="The libraries' floor (benchmarks.library_floor: the same calls through uvicorn, the new "
+                      "message tokenized, an aiohttp engine stream and one acknowledged produce, no trajbus code)")
     print()
     cpu_columns = [f"{name} CPU/call" for name in PROCESSES] + ["sum CPU/call", "cores (these)", "cores (machine)"]
     print_table(["agents", "path", "calls", "req/s", *cpu_columns],

@@ -3,15 +3,18 @@
 A stand-in gateway with no trajbus code on the call's path but the delivery plumbing, measured in the same run
 as the real one (``gateway_bench``), so "<= 2 ms per call" can be read against what the parts underneath cost
 here. Per call it does only what no gateway of this design can skip: the agent's request read and parsed
-(uvicorn with httptools and uvloop, Starlette, orjson), the engine called with the turn's prompt ids, streamed
+(uvicorn with httptools and uvloop, Starlette, orjson), the turn's new message tokenized by the model's
+tokenizer (Hugging Face ``tokenizers``, called directly: a token-exact gateway cannot send the engine ids it
+has not made), the engine called with the turn's prompt ids, streamed
 at the gateway's default ``--engine-stream-interval`` and parsed event by event (aiohttp, orjson), one record
 of the new tokens and their log-probs acknowledged by Kafka (confluent-kafka, ``acks=all``, the step
 producer's settings, its delivery reports served by trajbus's ``Poller`` as the gateway's are), and a small
 JSON answer; Python's collector is set as the gateway sets it (``infra.collector``). It leaves out what
-trajbus adds: tokenizing the new messages, checking the request, the trajectory's state on disk, the Step's
+trajbus adds: the chat template, checking the request, the trajectory's state on disk, the Step's
 checks and prefix encoding, metrics.
 
-Run as ``python -m benchmarks.library_floor --port P --engine HOST:PORT --bootstrap-servers S --prompts F``
+Run as ``python -m benchmarks.library_floor --port P --engine HOST:PORT --bootstrap-servers S --prompts F
+--tokenizer DIR``
 (``floor_process``); it answers ``/init_trajectory`` and ``{base_url}/chat/completions`` as the gateway
 does, so the benchmark drives both with the same code.
 """
@@ -33,6 +36,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from tokenizers import Tokenizer
 
 from trajbus.gateway.config import GatewaySettings
 from trajbus.infra.clients import acked_producer
@@ -43,9 +47,6 @@ from trajbus.streams.client.delivery import Acks, DeliveryError, Poller, resolve
 from trajbus.streams.client.producer import STEP_PRODUCER_SETTINGS
 
 TOPIC = "bench-library-floor"
-NEW_PROMPT_TOKENS = 500
-"""Prompt ids a record carries beside the reply: about what a turn's new message adds (the gateway
-writes a step as a reference to its trajectory's previous one plus the new tokens)."""
 STREAM_INTERVAL = next(f.default for f in dataclasses.fields(GatewaySettings) if f.name == "engine_stream_interval")
 
 
@@ -57,8 +58,9 @@ def _turn(messages: list[Any]) -> int:
 class FloorGateway:
     """The stand-in's one route and the clients it owns (engine session, producer and its delivery poller)."""
 
-    def __init__(self, port: int, engine: str, bootstrap_servers: str, prompts: list[list[int]]) -> None:
-        self.port, self.engine, self.prompts = port, engine, prompts
+    def __init__(self, port: int, engine: str, bootstrap_servers: str, prompts: list[list[int]],
+                 tokenizer: Tokenizer) -> None:
+        self.port, self.engine, self.prompts, self.tokenizer = port, engine, prompts, tokenizer
         self.producer = acked_producer(bootstrap_servers, STEP_PRODUCER_SETTINGS)
         self.poller = Poller(self.producer)
         self.session: aiohttp.ClientSession | None = None
@@ -79,6 +81,7 @@ class FloorGateway:
 
     async def chat(self, request: Request) -> Response:
         messages = orjson.loads(await request.body())["messages"]
+        new_ids = self.tokenizer.encode(messages[-1]["content"], add_special_tokens=False).ids
         prompt = self.prompts[min(_turn(messages), len(self.prompts) - 1)]
         body = orjson.dumps({"prompt": prompt, "max_tokens": 512, "logprobs": 0, "return_tokens_as_token_ids": True,
                              "stream": True, "stream_interval": STREAM_INTERVAL})
@@ -91,7 +94,7 @@ class FloorGateway:
                     tokens += choice["logprobs"]["tokens"]
                     logprobs += choice["logprobs"]["token_logprobs"]
         ids = [int(token.rpartition(":")[2]) for token in tokens]
-        await self._acknowledged(orjson.dumps({"prompt_ids": prompt[-NEW_PROMPT_TOKENS:], "response_ids": ids,
+        await self._acknowledged(orjson.dumps({"prompt_ids": new_ids, "response_ids": ids,
                                                "rollout_log_probs": logprobs}))
         return Response(orjson.dumps({"object": "chat.completion", "choices": [
             {"index": 0, "message": {"role": "assistant", "content": f"{len(ids)} tokens"}, "finish_reason": "stop"}]}),
@@ -118,11 +121,12 @@ class FloorGateway:
                          lifespan=self.lifespan)
 
 
-def floor_process(port: int, engine: str, bootstrap_servers: str, prompts_file: Path, log_file: Path
-                  ) -> ServiceProcess:
+def floor_process(port: int, engine: str, bootstrap_servers: str, prompts_file: Path, model_dir: Path,
+                  log_file: Path) -> ServiceProcess:
     """The stand-in as a child process (not yet started); ready when ``/ready`` answers."""
     return ServiceProcess(["--port", str(port), "--engine", engine, "--bootstrap-servers", bootstrap_servers,
-                           "--prompts", str(prompts_file)], log_file, module="benchmarks.library_floor")
+                           "--prompts", str(prompts_file), "--tokenizer", str(model_dir)], log_file,
+                          module="benchmarks.library_floor")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -131,9 +135,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine", required=True, help="HOST:PORT of an engine's /v1/completions")
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--prompts", type=Path, required=True, help="JSON list of each turn's prompt ids")
+    parser.add_argument("--tokenizer", type=Path, required=True, help="the model's directory (its tokenizer.json)")
     args = parser.parse_args(argv)
     ensure_topics(args.bootstrap_servers, [TopicSpec(TOPIC, 1)])
-    floor = FloorGateway(args.port, args.engine, args.bootstrap_servers, orjson.loads(args.prompts.read_bytes()))
+    floor = FloorGateway(args.port, args.engine, args.bootstrap_servers, orjson.loads(args.prompts.read_bytes()),
+                         Tokenizer.from_file(str(args.tokenizer / "tokenizer.json")))
     app = floor.app()
     tune_for_serving()  # as the gateway does: the floor pays no collector time the gateway does not
     uvicorn.run(app, host="127.0.0.1", port=args.port, loop="uvloop", http="httptools",
