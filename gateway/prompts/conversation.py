@@ -80,6 +80,9 @@ class PromptBuilder:
         if mode not in MULTI_TURN_MODES:
             raise ValueError(f"multi_turn: must be one of {MULTI_TURN_MODES}, got {mode!r}")
         self.tokenizer, self.mode = tokenizer, mode
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        """A fast tokenizer's own encoder (Hugging Face ``tokenizers``), called directly: the same ids as
+        ``tokenizer.encode``, without the batch wrapping transformers adds at every call."""
         self._closings: dict[bytes, tuple[str, TokenIds] | None] = {}
         """Per tool list: what the template writes after an assistant turn, as text and ids (None: no mark)."""
 
@@ -89,6 +92,8 @@ class PromptBuilder:
                                                   add_generation_prompt=generation_prompt)
 
     def _encode(self, text: str) -> TokenIds:
+        if self._backend is not None:
+            return packed(self._backend.encode(text, add_special_tokens=False).ids)
         return packed(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _closing(self, tools: list[dict[str, Any]] | None) -> tuple[str, TokenIds] | None:
