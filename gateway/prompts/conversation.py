@@ -62,6 +62,8 @@ def extends(messages: list[dict[str, Any]], conversation: list[dict[str, Any]] |
     """Whether ``messages`` start with ``conversation`` (content and tool calls, arguments as JSON)."""
     if not conversation or len(messages) < len(conversation):
         return False
+    if messages[:len(conversation)] == conversation:  # as sent back (the usual case): compared at C speed
+        return True
     return all(_normal(a) == _normal(b) for a, b in zip(messages, conversation))
 
 

@@ -64,3 +64,31 @@ def test_ready_says_what_it_waits_for(tmp_path):
         "loading the tokenizer from unused", "connecting to Kafka",
         "no inference backend answers: none of http://127.0.0.1:1 (--vllm-addresses) passes its health check "
         "or answers its calls"], ready.json()
+
+
+def test_the_lean_chat_route_refuses_as_fastapi_did_before_looking_up_the_trajectory(tmp_path):
+    """Chat completions are served without FastAPI's dependency solving (``gateway.http.lean_route``): a body or
+    ``wait`` it refuses is 400 naming the field, checked before the trajectory (unknown here: 404 only once the
+    request is valid), and the schema still declares the body and the query."""
+    app = app_at(tmp_path)
+    client = TestClient(app)
+    url = "/no-such-trajectory/a%2Fprompt/v1/chat/completions"
+    hello = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+    refused = {"invalid JSON": (client.post(url, content=b"{not json"), "body", "body: invalid JSON ("),
+               "no messages": (client.post(url, json={"messages": []}), "messages",
+                               "messages: List should have at least 1 item"),
+               "a bad role": (client.post(url, json={"messages": [{"role": "robot", "content": "x"}]}),
+                              "messages.0.role", "messages.0.role: Input should be"),
+               "a negative wait": (client.post(f"{url}?wait=-1", json=hello), "wait",
+                                   "wait: Input should be greater than or equal to 0")}
+    for case, (answer, param, message) in refused.items():
+        error = answer.json()["error"]
+        assert (answer.status_code, error["type"], error["param"]) == (400, "invalid_request_error", param), case
+        assert error["message"].startswith(message), (case, error)
+    unknown = client.post(f"{url}?wait=1", json=hello)
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found", unknown.text
+    operation = app.openapi()["paths"]["/{trajectory_uid}/{prompt_uid}/v1/chat/completions"]["post"]
+    body = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/ChatCompletionRequest"} and operation["requestBody"]["required"]
+    wait = next(p for p in operation["parameters"] if p["name"] == "wait")
+    assert wait["in"] == "query" and wait["schema"]["maximum"] == 120.0, wait
