@@ -48,8 +48,8 @@ import orjson
 from benchmarks.assembly_bench import RESULTS, percentile
 from benchmarks.cpu_meter import CpuMeter
 from benchmarks.gateway_report import gateway_cpu, print_tables, targets
-from benchmarks.gateway_workload import (FLEET_INSTANCES, FLEET_LEVELS, LEVELS, REPLY, TURN_CONVERSATIONS, TURNS,
-                                         conversation, engine_prompts)
+from benchmarks.gateway_workload import (FLEET_INSTANCES, FLEET_LEVELS, LEVELS, REPLY, TURN_CONVERSATIONS,
+                                         TURN_SWEEPS, TURNS, conversation, engine_prompts)
 from benchmarks.library_floor import floor_process
 from benchmarks.targets import print_targets
 from trajbus.gateway.engine.pool import KEEPALIVE_SECONDS, request_body
@@ -151,22 +151,34 @@ async def level(client: aiohttp.ClientSession, engine: str, gateways: list[str],
     return row, per_turn
 
 
+def _median_phase(phases: list[dict], process: str) -> dict:
+    """Of one turn's phases (one per sweep), the one whose ``process`` CPU per call is the median."""
+    return sorted(phases, key=lambda phase: phase["cpu_ms_per_call"][process])[len(phases) // 2]
+
+
 async def turn_costs(client: aiohttp.ClientSession, engine: str, gateway: str, turns: list[list[dict]],
                      prompts: list[list[int]], meter: CpuMeter) -> list[dict]:
     """CPU per call at each turn: one agent sends turn n of every open conversation (one phase, directly
-    and through the gateway), then turn n + 1; the conversations are open at once, as at 32 agents."""
-    direct, via = calls(engine, await open_trajectories(client, [gateway], TURN_CONVERSATIONS), turns, prompts)
-    costs = []
-    for turn in range(TURNS):
-        entry = {"turn": turn + 1, "prompt_tokens": len(prompts[turn])}
-        for path, call in (("direct", direct), ("gateway", via)):
-            before = meter.snapshot()
-            for index in range(TURN_CONVERSATIONS):
-                await call(client, index, turn)
-            entry[path] = meter.since(before).summary(TURN_CONVERSATIONS)
-        costs.append(entry)
+    and through the gateway), then turn n + 1; the conversations are open at once, as at 32 agents. The
+    sweep of all turns runs ``TURN_SWEEPS`` times over new conversations, and each turn reports its median
+    phase: one sweep's figures moved by more than the 1.15x bound between runs on a quiet machine."""
+    phases: list[dict[str, list[dict]]] = [{"direct": [], "gateway": []} for _ in range(TURNS)]
+    for _ in range(TURN_SWEEPS):
+        direct, via = calls(engine, await open_trajectories(client, [gateway], TURN_CONVERSATIONS), turns, prompts)
+        for turn in range(TURNS):
+            for path, call in (("direct", direct), ("gateway", via)):
+                before = meter.snapshot()
+                for index in range(TURN_CONVERSATIONS):
+                    await call(client, index, turn)
+                phases[turn][path].append(meter.since(before).summary(TURN_CONVERSATIONS))
+    costs = [{"turn": turn + 1, "prompt_tokens": len(prompts[turn]),
+              "direct": _median_phase(phases[turn]["direct"], "engine"),
+              "gateway": _median_phase(phases[turn]["gateway"], "gateway"),
+              "gateway_sweeps_ms": [p["cpu_ms_per_call"]["gateway"] for p in phases[turn]["gateway"]]}
+             for turn in range(TURNS)]
     turn_10 = costs[-1]["gateway"]["cpu_ms_per_call"]["gateway"]
-    print(f"  per-turn CPU done: gateway {turn_10:.1f} ms/call at turn {TURNS}", flush=True)
+    print(f"  per-turn CPU done: gateway {turn_10:.1f} ms/call at turn {TURNS} (median of {TURN_SWEEPS} sweeps)",
+          flush=True)
     return costs
 
 
@@ -199,6 +211,7 @@ async def measure(engine: str, gateways: dict[str, list[str]], turns: list[list[
     for entry, other, cpu in zip(per_turn, rendered, turn_cpu):
         entry["render_added_p50_ms"] = other["added_p50_ms"]
         entry["cpu"] = {"direct": cpu["direct"], "gateway": cpu["gateway"]}
+        entry["gateway_sweeps_ms"] = cpu["gateway_sweeps_ms"]
     return {"levels": rows, "per_turn": per_turn, "fleet": fleet_rows, "stream_cost": stream_cost,
             "library_floor": floor_rows}
 

@@ -1,8 +1,9 @@
-"""What ``gateway_bench`` measured, as tables and as issues 25's and 31's targets beside the figures of the run."""
+"""What ``gateway_bench`` measured, as tables and as issues 25's, 31's and 47's targets beside the figures of the run."""
 
 from __future__ import annotations
 
-from benchmarks.gateway_workload import FLEET_INSTANCES, FLEET_LEVELS, LEVELS, PROCESSES, TURN_CONVERSATIONS, TURNS
+from benchmarks.gateway_workload import (FLEET_INSTANCES, FLEET_LEVELS, LEVELS, PROCESSES, TURN_CONVERSATIONS,
+                                         TURN_SWEEPS, TURNS)
 from benchmarks.targets import Target
 from trajbus.pipelines.tables import print_table
 
@@ -19,9 +20,25 @@ def stream_price(cost: dict) -> tuple:
             f"{streamed / unstreamed:.3f}x ({streamed:.2f} vs {unstreamed:.2f} ms)", streamed <= 1.2 * unstreamed)
 
 
+FLOOR_BOUNDS = {1: 2.0, 32: 1.5, 256: 1.5}
+"""Issue 47: the gateway's CPU per call at most this many times the libraries' floor's, per level."""
+TURN_GROWTH_BOUND = 1.15
+"""Issue 47: CPU per call at turn 10 at most this many times turn 1's, at 1 agent."""
+
+
+def floor_checks(levels: dict[int, dict], floors: dict[int, dict]) -> list[tuple]:
+    """Issue 47's bounds against the libraries' floor, measured in the same run."""
+    return [(f"gateway / floor CPU per call at {agents} agent(s)", f"<= {bound}x",
+             f"{gateway_cpu(levels[agents]) / gateway_cpu(floors[agents]):.2f}x "
+             f"({gateway_cpu(levels[agents]):.2f} vs {gateway_cpu(floors[agents]):.2f} ms)",
+             gateway_cpu(levels[agents]) <= bound * gateway_cpu(floors[agents])) for agents, bound in FLOOR_BOUNDS.items()]
+
+
 def targets(result: dict) -> list[Target]:
-    """Issues 25's and 31's targets, each with the measured figure and whether it is met (compared unrounded)."""
+    """Issues 25's, 31's and 47's targets, each with the measured figure and whether it is met (compared
+    unrounded)."""
     levels = {row["agents"]: row for row in result["levels"]}
+    turn_1 = gateway_cpu(next(t for t in result["per_turn"] if t["turn"] == 1))
     turn_10 = gateway_cpu(next(t for t in result["per_turn"] if t["turn"] == TURNS))
     produce, added = result["produce"]["p50_ms"], levels[1]["added_p50_ms"]
     rps_32, rps_256 = levels[32]["gateway_rps"], levels[256]["gateway_rps"]
@@ -33,6 +50,10 @@ def targets(result: dict) -> list[Target]:
                      fleet[agents]["gateway_rps"] > levels[agents]["gateway_rps"]) for agents in FLEET_LEVELS]
     checks = [
         ("gateway CPU per call at turn 10, 1 agent", "<= 2 ms", f"{turn_10:.2f} ms", turn_10 <= 2.0),
+        (f"gateway CPU per call at turn {TURNS} / turn 1, 1 agent", f"<= {TURN_GROWTH_BOUND}x",
+         f"{turn_10 / turn_1:.2f}x ({turn_10:.2f} vs {turn_1:.2f} ms, medians of {TURN_SWEEPS} sweeps)",
+         turn_10 <= TURN_GROWTH_BOUND * turn_1),
+        *floor_checks(levels, floors),
         *((f"gateway CPU per call at {agents} agents (turns 1-10)", "<= 2 ms",
            f"{gateway_cpu(levels[agents]):.2f} ms (the libraries' floor: {gateway_cpu(floors[agents]):.2f} ms)",
            gateway_cpu(levels[agents]) <= 2.0) for agents in LEVELS),
@@ -103,7 +124,8 @@ def print_tables(result: dict) -> None:
                   *(_ms(t["cpu"]["gateway"]["cpu_ms_per_call"], name) for name in PROCESSES),
                   _ms(t["cpu"]["direct"]["cpu_ms_per_call"], "engine"),
                   _ms(t["cpu"]["direct"]["cpu_ms_per_call"], "client")] for t in result["per_turn"]],
-                title=f"1 agent, by turn number (CPU: {TURN_CONVERSATIONS} calls per turn, one at a time)")
+                title=f"1 agent, by turn number (CPU: {TURN_CONVERSATIONS} calls per turn, one at a time, the median of "
+                      f"{TURN_SWEEPS} sweeps over new conversations)")
     produce, one = result["produce"], result["levels"][0]
     print(f"\nacknowledged produce of one {produce['tokens']}-token step, one at a time: "
           f"p50 {produce['p50_ms']:.2f} ms, p99 {produce['p99_ms']:.2f} ms; "
