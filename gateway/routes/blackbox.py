@@ -12,9 +12,8 @@ from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
-from pydantic import Field, create_model
 
-from trajbus.gateway.http.lean_route import lean_json_route
+from trajbus.gateway.http.lean_route import LeanJsonRoute
 from trajbus.gateway.routes.paths import BASE, PAUSED, WAIT
 from trajbus.gateway.schemas import (ChatCompletionRequest, CompleteTrajectoryRequest, InitTrajectoryRequest,
                                      RegisterTrajectoryRequest)
@@ -60,9 +59,6 @@ def blackbox_router(service: GatewayService, admin: list) -> APIRouter:
                 "channel": trajectory.channel, "n_rollouts": trajectory.n_rollouts,
                 "policy_version": trajectory.policy_version, "next_step": trajectory.next_step}
 
-    held = Field(0.0, ge=0, le=settings.max_admission_wait, description=PAUSED)
-    chat_route = lean_json_route(ChatCompletionRequest, create_model("ChatQuery", wait=(float, held)))
-
     async def chat_completions(trajectory_uid: str, prompt_uid: str, body: ChatCompletionRequest, request: Request,
                                wait: float = Query(0.0, ge=0, le=settings.max_admission_wait, description=PAUSED)):
         trajectory = lifecycle.get(trajectory_uid, prompt_uid)
@@ -70,7 +66,7 @@ def blackbox_router(service: GatewayService, admin: list) -> APIRouter:
         return await chat.create(trajectory, body, wait, request.headers.get(TRACEPARENT))
 
     router.add_api_route(BASE + "/chat/completions", chat_completions, methods=["POST"],
-                         route_class_override=chat_route)  # the hot route: served lean
+                         route_class_override=LeanJsonRoute)  # the hot route: served lean
 
     @router.get(BASE + "/models")
     async def models(trajectory_uid: str, prompt_uid: str) -> dict[str, Any]:

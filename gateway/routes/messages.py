@@ -29,6 +29,7 @@ from trajbus.gateway.anthropic.answers import MessagesCall, error_response
 from trajbus.gateway.anthropic.messages import conversation, engine_request
 from trajbus.gateway.anthropic.schemas import MessagesRequest
 from trajbus.gateway.errors import GatewayError, from_validation_error
+from trajbus.gateway.http.lean_route import LeanJsonRoute
 from trajbus.gateway.routes.paths import BASE, PAUSED
 from trajbus.gateway.service import GatewayService
 from trajbus.gateway.state.lifecycle import missing_trajectory
@@ -63,12 +64,15 @@ class AnthropicErrors(APIRoute):
         return answer
 
 
+class LeanAnthropicRoute(AnthropicErrors, LeanJsonRoute):
+    """The Messages route: served lean (``gateway.http.lean_route``), its errors in Anthropic's shape."""
+
+
 def messages_router(service: GatewayService) -> APIRouter:
     router = APIRouter(route_class=AnthropicErrors)
     lifecycle, pacing = service.lifecycle, service.pacing
     chat = service.chat
 
-    @router.post(MESSAGES, summary="Anthropic's Messages API (tool use, streaming) on a trajectory")
     async def messages(trajectory_uid: str, prompt_uid: str, body: MessagesRequest, request: Request,
                        wait: float = Query(0.0, ge=0, le=service.settings.max_admission_wait, description=PAUSED)):
         trajectory = lifecycle.get(trajectory_uid, prompt_uid)
@@ -77,6 +81,9 @@ def messages_router(service: GatewayService) -> APIRouter:
         call = await chat.prepare(trajectory, engine_request(body, messages), messages, wait, MessagesCall,
                                   traceparent=request.headers.get(TRACEPARENT))
         return await call.answer(bool(body.stream))
+
+    router.add_api_route(MESSAGES, messages, methods=["POST"], route_class_override=LeanAnthropicRoute,
+                         summary="Anthropic's Messages API (tool use, streaming) on a trajectory")
 
     @router.post(ROOT_MESSAGES, include_in_schema=False)  # no trajectory: serves nothing
     async def messages_without_trajectory() -> None:

@@ -66,10 +66,11 @@ def test_ready_says_what_it_waits_for(tmp_path):
         "or answers its calls"], ready.json()
 
 
-def test_the_lean_chat_route_refuses_as_fastapi_did_before_looking_up_the_trajectory(tmp_path):
-    """Chat completions are served without FastAPI's dependency solving (``gateway.http.lean_route``): a body or
-    ``wait`` it refuses is 400 naming the field, checked before the trajectory (unknown here: 404 only once the
-    request is valid), and the schema still declares the body and the query."""
+def test_the_lean_engine_routes_refuse_as_fastapi_did_before_looking_up_the_trajectory(tmp_path):
+    """Chat completions and Anthropic's messages are served without FastAPI's dependency solving
+    (``gateway.http.lean_route``): a body or ``wait`` they refuse is 400 naming the field (in each API's shape),
+    checked before the trajectory (unknown here: 404 only once the request is valid), and the schema still
+    declares the body and the query."""
     app = app_at(tmp_path)
     client = TestClient(app)
     url = "/no-such-trajectory/a%2Fprompt/v1/chat/completions"
@@ -92,3 +93,6 @@ def test_the_lean_chat_route_refuses_as_fastapi_did_before_looking_up_the_trajec
     assert body == {"$ref": "#/components/schemas/ChatCompletionRequest"} and operation["requestBody"]["required"]
     wait = next(p for p in operation["parameters"] if p["name"] == "wait")
     assert wait["in"] == "query" and wait["schema"]["maximum"] == 120.0, wait
+    anthropic = client.post("/no-such-trajectory/p/v1/v1/messages?wait=-1", json={"messages": []})
+    assert anthropic.status_code == 400 and anthropic.json()["type"] == "error", anthropic.text  # Anthropic's shape
+    assert anthropic.json()["error"]["message"].startswith("wait: Input should be"), anthropic.text
