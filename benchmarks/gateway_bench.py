@@ -21,9 +21,10 @@ the same run. Then the 32 and 256 agent levels through two instances (`trajbus g
 and the price of cut-and-continue: 1 agent and 32 agents through the gateway and through one that
 reads a non-streaming agent's answer as one JSON answer (``--engine-streaming when-asked``), three
 phases each, alternating, medians compared, before the levels (so both gateways have served the same
-calls). Then every level through the libraries' floor (``benchmarks.library_floor``: the same calls through
-the same libraries with no trajbus code), the least a call can cost on this machine. Last, the targets
-(issues 25 and 31) with the figures of this run and whether each is met.
+calls). Each level is followed at once by the same level through the libraries' floor
+(``benchmarks.library_floor``: the same calls through the same libraries with no trajbus code), the least a
+call can cost on this machine. Last, the targets
+(issues 25, 31 and 47) with the figures of this run and whether each is met.
 
 Uses TRAJBUS_BOOTSTRAP_SERVERS when set, else a throw-away embedded broker.
 Prints six tables and writes benchmarks/results/gateway.json.
@@ -186,9 +187,9 @@ async def measure(engine: str, gateways: dict[str, list[str]], turns: list[list[
                   meters: dict[str, CpuMeter]) -> dict:
     """Every level through the gateway; then one agent through a gateway that re-renders every call
     (``--multi-turn render``), to show what cumulative prompts save per turn; then the fleet levels
-    through two instances (``--instances 2``), trajectories opened at each in turn; last, every level
-    through the libraries' floor (``benchmarks.library_floor``). Before the levels, the price of
-    cut-and-continue against ``--engine-streaming when-asked`` (``compare_streaming``)."""
+    through two instances (``--instances 2``), trajectories opened at each in turn. Each level is followed at
+    once by the same level through the libraries' floor (``benchmarks.library_floor``). Before the levels, the
+    price of cut-and-continue against ``--engine-streaming when-asked`` (``compare_streaming``)."""
     connector = aiohttp.TCPConnector(limit=600, keepalive_timeout=KEEPALIVE_SECONDS)
     (gateway,), (rendering,), (when_asked,) = gateways["single"], gateways["render"], gateways["when-asked"]
     meter = meters["single"]
@@ -198,16 +199,16 @@ async def measure(engine: str, gateways: dict[str, list[str]], turns: list[list[
         stream_cost = await compare_streaming(client, engine, gateway, when_asked, turns, prompts, meters)
         _, rendered = await level(client, engine, [rendering], 1, 10, turns, prompts, meters["render"])
         turn_cpu = await turn_costs(client, engine, gateway, turns, prompts, meter)
-        rows, per_turn = [], []
-        for agents in LEVELS:
-            row, turn_rows = await level(client, engine, [gateway], agents, 10 if agents == 1 else 1, turns, prompts,
-                                         meter)
+        rows, per_turn, floor_rows = [], [], []
+        for agents in LEVELS:  # each level and the floor's at once: the machine's pace drifts over minutes
+            rounds = 10 if agents == 1 else 1
+            row, turn_rows = await level(client, engine, [gateway], agents, rounds, turns, prompts, meter)
             rows.append(row)
             per_turn = per_turn or turn_rows  # per turn: the single agent, undisturbed
+            floor_rows.append((await level(client, engine, gateways["floor"], agents, rounds, turns, prompts,
+                                           meters["floor"]))[0])
         fleet_rows = [(await level(client, engine, gateways["fleet"], agents, 1, turns, prompts, meters["fleet"]))[0]
                       for agents in FLEET_LEVELS]
-        floor_rows = [(await level(client, engine, gateways["floor"], agents, 10 if agents == 1 else 1, turns, prompts,
-                                   meters["floor"]))[0] for agents in LEVELS]
     for entry, other, cpu in zip(per_turn, rendered, turn_cpu):
         entry["render_added_p50_ms"] = other["added_p50_ms"]
         entry["cpu"] = {"direct": cpu["direct"], "gateway": cpu["gateway"]}
