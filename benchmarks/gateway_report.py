@@ -1,4 +1,5 @@
-"""What ``gateway_bench`` measured, as tables and as issues 25's, 31's and 47's targets beside the figures of the run."""
+"""What ``gateway_bench`` measured, as tables and as issues 25's, 31's and 47's targets beside the figures of the
+run."""
 
 from __future__ import annotations
 
@@ -28,10 +29,12 @@ TURN_GROWTH_BOUND = 1.15
 
 def floor_checks(levels: dict[int, dict], floors: dict[int, dict]) -> list[tuple]:
     """Issue 47's bounds against the libraries' floor, measured in the same run."""
-    return [(f"gateway / floor CPU per call at {agents} agent(s)", f"<= {bound}x",
-             f"{gateway_cpu(levels[agents]) / gateway_cpu(floors[agents]):.2f}x "
-             f"({gateway_cpu(levels[agents]):.2f} vs {gateway_cpu(floors[agents]):.2f} ms)",
-             gateway_cpu(levels[agents]) <= bound * gateway_cpu(floors[agents])) for agents, bound in FLOOR_BOUNDS.items()]
+    checks = []
+    for agents, bound in FLOOR_BOUNDS.items():
+        gateway, floor = gateway_cpu(levels[agents]), gateway_cpu(floors[agents])
+        checks.append((f"gateway / floor CPU per call at {agents} agent(s)", f"<= {bound}x",
+                       f"{gateway / floor:.2f}x ({gateway:.2f} vs {floor:.2f} ms)", gateway <= bound * floor))
+    return checks
 
 
 def targets(result: dict) -> list[Target]:
@@ -124,8 +127,8 @@ def print_tables(result: dict) -> None:
                   *(_ms(t["cpu"]["gateway"]["cpu_ms_per_call"], name) for name in PROCESSES),
                   _ms(t["cpu"]["direct"]["cpu_ms_per_call"], "engine"),
                   _ms(t["cpu"]["direct"]["cpu_ms_per_call"], "client")] for t in result["per_turn"]],
-                title=f"1 agent, by turn number (CPU: {TURN_CONVERSATIONS} calls per turn, one at a time, the median of "
-                      f"{TURN_SWEEPS} sweeps over new conversations)")
+                title=f"1 agent, by turn number (CPU: {TURN_CONVERSATIONS} calls per turn, one at a time, the median "
+                      f"of {TURN_SWEEPS} sweeps over new conversations)")
     produce, one = result["produce"], result["levels"][0]
     print(f"\nacknowledged produce of one {produce['tokens']}-token step, one at a time: "
           f"p50 {produce['p50_ms']:.2f} ms, p99 {produce['p99_ms']:.2f} ms; "
