@@ -2,13 +2,13 @@
 
 FastAPI documents a route from its endpoint's signature (the OpenAPI schema that clients and the fuzzer
 read), and at every call solves that signature again: the body read by the standard library's ``json``,
-then checked model by model, each parameter looked up and converted. For chat completions that cost about
-70 µs a call, measured in-process against the same endpoint given its values. ``LeanJsonRoute`` keeps the
-documentation and serves the call plainly: the body parsed and checked from its bytes in one pass by
-pydantic's core (``model_validate_json``), the query parameters by a model built once from the same
-signature (so their bounds are declared once), the path parameters as matched. A refused body or query is
-FastAPI's ``RequestValidationError``, answered by the app's handler as before (400 naming the field,
-``gateway.errors``).
+then checked model by model, each parameter looked up and converted. For chat completions that costs 45-85 µs
+a call more than this route (in-process, the same endpoint, a 10-turn conversation's body: 119-160 µs against
+73-76 µs). ``LeanJsonRoute`` keeps the documentation and serves the call plainly: the body parsed and
+checked from its bytes in one pass by pydantic's core (``model_validate_json``), the query parameters by a
+model built once from the same signature (so their bounds are declared once), the path parameters as
+matched. A refused body or query is FastAPI's ``RequestValidationError``, answered by the app's handler as
+before (400 naming the field, ``gateway.errors``).
 """
 
 from __future__ import annotations
