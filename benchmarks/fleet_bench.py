@@ -7,7 +7,8 @@ last prompt is ~32k tokens; all agents call at once, so every agent's call is in
 
 - the gateway's CPU per call (``benchmarks.cpu_meter``, the kernel's accounting);
 - its RSS grown over the level (all trajectories still open, their contexts whole), per agent and per
-  context token (the target counts every copy the process keeps of a context: <= 8 bytes a token);
+  context token (the target counts every copy the process keeps of a context: <= 8 bytes a token), and at its
+  peak while every call was in flight (what the calls hold meanwhile: their requests, prompts, engine bodies);
 - bytes on the steps topic per step, against the step's distinct tokens (its new prompt tokens and its reply):
   a keyframe storm (steps sent whole once the prefix memory is full) shows as bytes growing with the context;
 - the latency of the last turn's calls through the gateway, beside the same prompts sent straight to the
@@ -63,10 +64,12 @@ tool take the rest), so 1,000 agents make 100 calls a second."""
 METRICS_EVERY = 0.5
 
 
-async def most_in_flight(client: aiohttp.ClientSession, gateway: str, done: asyncio.Event) -> float:
-    """The highest ``trajbus_gateway_calls_in_flight`` read while the level runs."""
-    most = 0.0
+async def watch_level(client: aiohttp.ClientSession, gateway: str, gateway_pid: int, done: asyncio.Event
+                      ) -> tuple[float, int]:
+    """The highest ``trajbus_gateway_calls_in_flight`` and the gateway's highest RSS read while the level runs."""
+    most, peak_rss = 0.0, 0
     while not done.is_set():
+        peak_rss = max(peak_rss, psutil.Process(gateway_pid).memory_info().rss)
         try:
             async with client.get(f"{gateway}/metrics") as response:
                 text = await response.text()
@@ -76,7 +79,7 @@ async def most_in_flight(client: aiohttp.ClientSession, gateway: str, done: asyn
             if line.startswith("trajbus_gateway_calls_in_flight "):
                 most = max(most, float(line.split()[1]))
         await asyncio.sleep(METRICS_EVERY)
-    return most
+    return most, peak_rss
 
 
 async def agents_run(client: aiohttp.ClientSession, gateway: str, agents: int, bodies: list[bytes]
@@ -154,12 +157,12 @@ async def level(engine: str, gateway: str, bootstrap: str, prefix: str, agents: 
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS)  # closed before the server does
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=1800)) as client:
         done = asyncio.Event()
-        watcher = asyncio.create_task(most_in_flight(client, gateway, done))
+        watcher = asyncio.create_task(watch_level(client, gateway, gateway_pid, done))
         before = meter.snapshot()
         urls, via, failures, wall = await agents_run(client, gateway, agents, bodies)
         phase = meter.since(before)
         done.set()
-        in_flight = await watcher
+        in_flight, peak_rss = await watcher
         rss_grown = psutil.Process(gateway_pid).memory_info().rss - rss_before
         direct = await direct_last_turn(client, engine, agents, prompts[-1])
         for url in urls:  # the state freed for the next level (a trajectory whose first call failed has none)
@@ -172,7 +175,8 @@ async def level(engine: str, gateway: str, bootstrap: str, prefix: str, agents: 
            "wall_s": wall, "most_in_flight": in_flight,
            "cpu": cpu, "context_tokens": context,
            "cores_per_1000_agents": 1000 / CALL_EVERY_SECONDS * cpu["cpu_ms_per_call"]["gateway"] / 1000,
-           "rss_grown_mb": rss_grown / 2**20, "rss_per_agent_kb": rss_grown / agents / 1024,
+           "rss_grown_mb": rss_grown / 2**20, "rss_peak_grown_mb": (peak_rss - rss_before) / 2**20,
+           "rss_per_agent_kb": rss_grown / agents / 1024,
            "rss_per_context_token": rss_grown / (agents * context),
            "gateway_last_p50_ms": 1000 * statistics.median(via), "gateway_last_p99_ms": 1000 * percentile(via, 0.99),
            "direct_last_p50_ms": 1000 * statistics.median(direct),
@@ -207,13 +211,13 @@ def targets(rows: list[dict]) -> list[Target]:
 
 def print_rows(rows: list[dict]) -> None:
     print_table(["agents", "calls", "failed", "most in flight", "gateway CPU/call", "cores/1,000 agents", "req/s",
-                 "RSS grown",
-                 "RSS/agent", "RSS/context token", "bytes/step", "bytes/distinct token", "keyframes after first",
+                 "RSS grown", "at its peak", "RSS/agent", "RSS/context token", "bytes/step", "bytes/distinct token", "keyframes after first",
                  "last turn p50", "p99", "engine alone p50", "p99"],
                 [[r["agents"], r["calls"], r["failed"], f"{r['most_in_flight']:.0f}",
                   f"{r['cpu']['cpu_ms_per_call']['gateway']:.2f} ms", f"{r['cores_per_1000_agents']:.2f}",
                   f"{r['calls'] / r['wall_s']:.1f}",
-                  f"{r['rss_grown_mb']:.0f} MB", f"{r['rss_per_agent_kb']:.0f} KiB",
+                  f"{r['rss_grown_mb']:.0f} MB", f"{r['rss_peak_grown_mb']:.0f} MB",
+                  f"{r['rss_per_agent_kb']:.0f} KiB",
                   f"{r['rss_per_context_token']:.1f} B", f"{r['bytes_per_step']:.0f}",
                   f"{r['bytes_per_distinct_token']:.2f}", r["keyframes_after_first"],
                   f"{r['gateway_last_p50_ms']:.0f} ms", f"{r['gateway_last_p99_ms']:.0f} ms",

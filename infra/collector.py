@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import gc
 
+from trajbus.infra.allocator import return_large_blocks
+
 SERVING_THRESHOLDS = (20_000, 10, 10)
 """Only the young generation's threshold is raised: a middle collection every 10 young ones and a full one
 every 10 middle ones (and, as always in CPython, only once the long-lived objects grew by a quarter), so
@@ -23,7 +25,9 @@ cycles that outlived a young collection are still freed within minutes."""
 
 
 def tune_for_serving() -> None:
-    """Call once the server's long-lived state is built, before it takes calls."""
+    """Call once the server's long-lived state is built, before it takes calls. The C allocator is set for
+    serving too (``infra.allocator``): the calls' large buffers go back to the OS when freed."""
+    return_large_blocks()
     gc.collect()  # what startup left as garbage is not frozen with the rest
     gc.freeze()
     gc.set_threshold(*SERVING_THRESHOLDS)

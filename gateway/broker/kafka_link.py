@@ -28,6 +28,7 @@ from trajbus.infra.outage import OutageWatch
 from trajbus.infra.retry import Stopped, retrying
 from trajbus.infra.topics import admin_client
 from trajbus.streams.client.producer import DeliveryError, StepProducer, TopicsUnavailable
+from trajbus.streams.wire.prefix import Tokens
 from trajbus.streams.wire.records import Step
 
 log = logging.getLogger("trajbus.gateway")
@@ -155,6 +156,11 @@ class KafkaLink:
                 if step.is_last:
                     self.metrics.reward.labels(str(step.policy_version)).observe(step.reward)
         return count
+
+    def sent_context(self, trajectory_uid: str, step_index: int) -> Tokens | None:
+        """The producer's own copy of a sent step's prompt + response (``StepProducer.sent_context``), for a
+        caller that would otherwise keep a second one."""
+        return self.require().sent_context(trajectory_uid, step_index)
 
     async def ensure_channel(self, channel: str) -> None:
         """Make sure a channel's topics are all there (once: the channel check found its steps topic; a missing

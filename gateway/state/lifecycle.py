@@ -216,8 +216,11 @@ class TrajectoryLifecycle:
                           version_segments=c.segments.wire(version))
                      for i, c in enumerate(choices)]
             await self.kafka.publish(steps, trajectory.channel, "chat", trajectory.n_rollouts)
+            context = self.kafka.sent_context(uid, first)  # one context in memory, the producer's and ours
+            if context is None:  # n > 1 choices (it kept the last one's), or no room for it
+                context = joined(prompt.ids, choices[0].token_ids)
             await self.store.write(self.store.record_published, uid, first, len(steps), conversation, backend,
-                                   joined(prompt.ids, choices[0].token_ids), first)
+                                   context, first)
         return steps
 
     # -- white-box trajectories ---------------------------------------------------

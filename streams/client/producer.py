@@ -34,7 +34,7 @@ from trajbus.infra.topics import ensure_topics
 from trajbus.streams.client.delivery import DeliveryError, Poller, TopicsUnavailable
 from trajbus.streams.client.sender import RecordSender
 from trajbus.streams.client.topic_settings import TopicSettings
-from trajbus.streams.wire.prefix import DEFAULT_MEMORY_BYTES, PrefixEncoder
+from trajbus.streams.wire.prefix import DEFAULT_MEMORY_BYTES, PrefixEncoder, Tokens
 from trajbus.streams.wire.records import END_STEPS, Step, TrajectoryEnd
 from trajbus.streams.wire.topics import DEFAULT_PREFIX, steps_topic, validate_channel
 
@@ -136,6 +136,11 @@ class StepProducer:
         })
         self._poller = Poller(self._producer)
         self._sender = RecordSender(self._producer, self._poller, self._prefixes)
+
+    def sent_context(self, trajectory_uid: str, step_index: int) -> Tokens | None:
+        """The prompt + response of a step this producer sent, as it keeps them to express the trajectory's
+        next step (``PrefixEncoder.remembered``); None when it keeps none (a keyframe comes next)."""
+        return self._prefixes.remembered(trajectory_uid, step_index)
 
     def is_provisioned(self, channel: str) -> bool:
         """Whether this producer already provisioned the channel's topics (no broker call)."""

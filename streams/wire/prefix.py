@@ -22,12 +22,15 @@ from __future__ import annotations
 import dataclasses
 from array import array
 from dataclasses import dataclass
+from typing import Union
 
 import numpy as np
 from cachetools import LRUCache
 
 from trajbus.streams.wire.records import ReadyGroup, Step
 
+Tokens = Union[np.ndarray, array, list[int]]
+"""A context as it is kept: a reader's are numpy; a writer's are the caller's kind (``array('I')`` or a list)."""
 PROMPT_FULL = 0
 PROMPT_EXTENDS_STEP = 1
 PROMPT_EXTENDS_SHARED = 2
@@ -62,8 +65,7 @@ class Context:
     """A step's prompt + response, what the next step of its trajectory may extend."""
 
     step_index: int
-    tokens: np.ndarray | array | list[int]
-    """A reader's are numpy; a writer's are the caller's kind: a token array (4 bytes a token) or a list."""
+    tokens: Tokens
     keyframe_at: float
     depth: int
     """Steps since the trajectory's last keyframe."""
@@ -162,6 +164,13 @@ class PrefixEncoder:
         else:
             self.memory.remember(step.trajectory_uid, remembered, keep=1)
         return delta
+
+    def remembered(self, trajectory_uid: str, step_index: int) -> Tokens | None:
+        """The context kept for the trajectory's step ``step_index`` (its prompt + response, in the caller's
+        kind), or None: a caller that keeps the same context shares this object instead of a copy of it (never
+        changed in place, by either)."""
+        recent = self.memory.recent(trajectory_uid)
+        return recent[-1].tokens if recent and recent[-1].step_index == step_index else None
 
     def forget(self, trajectory_uid: str) -> None:
         """The trajectory ended, or a step of it may not have reached the broker: its next step is a keyframe."""

@@ -205,3 +205,17 @@ def test_a_token_array_context_costs_4_bytes_a_token_and_its_turns_are_checked_f
     assert Step.validate(steps[1]) is steps[1]
     with pytest.raises(ValueError, match="^prompt_ids: must be a list of token ids, got array"):
         dataclasses.replace(steps[1], prompt_ids=array("i", steps[1].prompt_ids)).validate()  # signed: not ids
+
+
+def test_the_context_kept_for_the_last_step_sent_is_lent_to_a_caller_that_would_keep_it_too():
+    steps = [packed_prompt(step) for step in trajectory("t", 3)]
+    encoder = PrefixEncoder()
+    encoder.delta(steps[0])
+    kept = encoder.remembered("t", 0)
+    assert kept == steps[0].prompt_ids + array("I", steps[0].response_ids)
+    assert encoder.remembered("t", 1) is None and encoder.remembered("other", 0) is None
+    encoder.delta(steps[1])
+    assert encoder.remembered("t", 0) is None  # only the last step's: an earlier one is not kept
+    assert kept == steps[0].prompt_ids + array("I", steps[0].response_ids)  # what was lent is never changed
+    encoder.delta(steps[2])  # the last step: the trajectory is forgotten
+    assert encoder.remembered("t", 2) is None
