@@ -211,7 +211,8 @@ def targets(rows: list[dict]) -> list[Target]:
 
 def print_rows(rows: list[dict]) -> None:
     print_table(["agents", "calls", "failed", "most in flight", "gateway CPU/call", "cores/1,000 agents", "req/s",
-                 "RSS grown", "at its peak", "RSS/agent", "RSS/context token", "bytes/step", "bytes/distinct token", "keyframes after first",
+                 "RSS grown", "at its peak", "RSS/agent", "RSS/context token", "bytes/step", "bytes/distinct token",
+                 "keyframes after first",
                  "last turn p50", "p99", "engine alone p50", "p99"],
                 [[r["agents"], r["calls"], r["failed"], f"{r['most_in_flight']:.0f}",
                   f"{r['cpu']['cpu_ms_per_call']['gateway']:.2f} ms", f"{r['cores_per_1000_agents']:.2f}",
