@@ -64,12 +64,12 @@ tool take the rest), so 1,000 agents make 100 calls a second."""
 METRICS_EVERY = 0.5
 
 
-async def watch_level(client: aiohttp.ClientSession, gateway: str, gateway_pid: int, done: asyncio.Event
+async def watch_level(client: aiohttp.ClientSession, gateway: str, process: psutil.Process, done: asyncio.Event
                       ) -> tuple[float, int]:
     """The highest ``trajbus_gateway_calls_in_flight`` and the gateway's highest RSS read while the level runs."""
     most, peak_rss = 0.0, 0
     while not done.is_set():
-        peak_rss = max(peak_rss, psutil.Process(gateway_pid).memory_info().rss)
+        peak_rss = max(peak_rss, process.memory_info().rss)
         try:
             async with client.get(f"{gateway}/metrics") as response:
                 text = await response.text()
@@ -153,17 +153,19 @@ async def level(engine: str, gateway: str, bootstrap: str, prefix: str, agents: 
     partitions = [(topic, p) for p in reader.list_topics(topic, timeout=10).topics[topic].partitions]
     reader.close()
     since = end_offsets_of(bootstrap, partitions)
-    rss_before = psutil.Process(gateway_pid).memory_info().rss
+    process = psutil.Process(gateway_pid)
+    rss_before = process.memory_info().rss
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS)  # closed before the server does
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=1800)) as client:
         done = asyncio.Event()
-        watcher = asyncio.create_task(watch_level(client, gateway, gateway_pid, done))
+        watcher = asyncio.create_task(watch_level(client, gateway, process, done))
         before = meter.snapshot()
         urls, via, failures, wall = await agents_run(client, gateway, agents, bodies)
         phase = meter.since(before)
         done.set()
         in_flight, peak_rss = await watcher
-        rss_grown = psutil.Process(gateway_pid).memory_info().rss - rss_before
+        rss_after = process.memory_info().rss
+        rss_grown, peak_rss = rss_after - rss_before, max(peak_rss, rss_after)  # sampled: the end may be the top
         direct = await direct_last_turn(client, engine, agents, prompts[-1])
         for url in urls:  # the state freed for the next level (a trajectory whose first call failed has none)
             async with client.post(f"{url}/complete_trajectory", json={"reward": 1.0}) as response:
