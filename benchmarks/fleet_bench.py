@@ -5,10 +5,12 @@ One gateway instance with its default limits, in front of an instant engine (``i
 trajectory and runs a 16-turn conversation, each turn adding a ~1.7k-token tool output and the reply, so the
 last prompt is ~32k tokens; all agents call at once, so every agent's call is in flight together. Per level:
 
-- the gateway's CPU per call (``benchmarks.cpu_meter``, the kernel's accounting);
+- the gateway's CPU per call (``benchmarks.cpu_meter``, the kernel's accounting), and the cycle collector's part
+  (its pauses, ``trajbus_gateway_gc_pause_seconds``);
 - its RSS grown over the level (all trajectories still open, their contexts whole), per agent and per
-  context token (the target counts every copy the process keeps of a context: <= 8 bytes a token), and at its
-  peak while every call was in flight (what the calls hold meanwhile: their requests, prompts, engine bodies);
+  context token (the target counts every copy the process keeps of a context: <= 8 bytes a token), read once
+  the gateway, quiet, gave back the heap its calls freed (``gateway.http.quiet``), and at its peak while every
+  call was in flight (what the calls hold meanwhile: their requests, prompts, engine bodies);
 - bytes on the steps topic per step, against the step's distinct tokens (its new prompt tokens and its reply):
   a keyframe storm (steps sent whole once the prefix memory is full) shows as bytes growing with the context;
 - the latency of the last turn's calls through the gateway, beside the same prompts sent straight to the
@@ -42,6 +44,7 @@ from benchmarks.gateway_bench import post
 from benchmarks.gateway_workload import REPLY, conversation, engine_prompts
 from benchmarks.targets import Target, print_targets
 from trajbus.gateway.engine.pool import KEEPALIVE_SECONDS, request_body
+from trajbus.gateway.http.quiet import MIN_SECONDS as QUIET_MIN_SECONDS
 from trajbus.gateway.server import raise_open_files_limit
 from trajbus.infra import clients, tiny_model
 from trajbus.infra.kafka_broker import EmbeddedKafka
@@ -62,6 +65,19 @@ CALL_EVERY_SECONDS = 10.0
 """The reference workload for sizing: each agent makes one call every ~10 s (an engine's reply and the agent's
 tool take the rest), so 1,000 agents make 100 calls a second."""
 METRICS_EVERY = 0.5
+RELEASES, COLLECTOR = "trajbus_gateway_heap_releases_total", "trajbus_gateway_gc_pause_seconds_sum"
+
+
+async def gateway_metrics(client: aiohttp.ClientSession, gateway: str) -> Counter:
+    """The gateway's ``/metrics`` samples, summed by name over their labels."""
+    async with client.get(f"{gateway}/metrics") as response:
+        text = await response.text()
+    samples: Counter = Counter()
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name.partition("{")[0]] += float(value)
+    return samples
 
 
 async def watch_level(client: aiohttp.ClientSession, gateway: str, process: psutil.Process, done: asyncio.Event
@@ -71,15 +87,23 @@ async def watch_level(client: aiohttp.ClientSession, gateway: str, process: psut
     while not done.is_set():
         peak_rss = max(peak_rss, process.memory_info().rss)
         try:
-            async with client.get(f"{gateway}/metrics") as response:
-                text = await response.text()
+            most = max(most, (await gateway_metrics(client, gateway))["trajbus_gateway_calls_in_flight"])
         except aiohttp.ClientError:  # a reading lost under load: the next one counts
-            text = ""
-        for line in text.splitlines():
-            if line.startswith("trajbus_gateway_calls_in_flight "):
-                most = max(most, float(line.split()[1]))
+            pass
         await asyncio.sleep(METRICS_EVERY)
     return most, peak_rss
+
+
+async def heap_released(client: aiohttp.ClientSession, gateway: str, before: float) -> Counter:
+    """Once the gateway, quiet after the calls, gave its free heap back (``gateway.http.quiet``: within
+    ``MIN_SECONDS`` of the last time; ``before``, the releases counted until then), its metrics; the RSS then counts
+    what the gateway keeps, not what its calls freed."""
+    deadline = time.monotonic() + QUIET_MIN_SECONDS + 60
+    while (metrics := await gateway_metrics(client, gateway))[RELEASES] <= before:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the gateway did not release its free heap once its calls ended")
+        await asyncio.sleep(0.2)
+    return metrics
 
 
 async def agents_run(client: aiohttp.ClientSession, gateway: str, agents: int, bodies: list[bytes]
@@ -154,18 +178,23 @@ async def level(engine: str, gateway: str, bootstrap: str, prefix: str, agents: 
     reader.close()
     since = end_offsets_of(bootstrap, partitions)
     process = psutil.Process(gateway_pid)
-    rss_before = process.memory_info().rss
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS)  # closed before the server does
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=1800)) as client:
+        releases = (await gateway_metrics(client, gateway))[RELEASES]
+        urls, _, _, _ = await agents_run(client, gateway, 1, bodies[:1])  # a call, then a quiet instance whose
+        metrics_before = await heap_released(client, gateway, releases)  # freed heap went back: what earlier
+        rss_before = process.memory_info().rss  # levels freed is not counted as this level's
         done = asyncio.Event()
         watcher = asyncio.create_task(watch_level(client, gateway, process, done))
         before = meter.snapshot()
-        urls, via, failures, wall = await agents_run(client, gateway, agents, bodies)
-        phase = meter.since(before)
+        level_urls, via, failures, wall = await agents_run(client, gateway, agents, bodies)
+        urls += level_urls
         done.set()
         in_flight, peak_rss = await watcher
-        rss_after = process.memory_info().rss
-        rss_grown, peak_rss = rss_after - rss_before, max(peak_rss, rss_after)  # sampled: the end may be the top
+        peak_rss = max(peak_rss, process.memory_info().rss)  # sampled: the end may be the top
+        metrics = await heap_released(client, gateway, metrics_before[RELEASES])
+        rss_grown = process.memory_info().rss - rss_before
+        phase = meter.since(before)  # the release's CPU counted with the calls'
         direct = await direct_last_turn(client, engine, agents, prompts[-1])
         for url in urls:  # the state freed for the next level (a trajectory whose first call failed has none)
             async with client.post(f"{url}/complete_trajectory", json={"reward": 1.0}) as response:
@@ -176,6 +205,7 @@ async def level(engine: str, gateway: str, bootstrap: str, prefix: str, agents: 
     row = {"agents": agents, "calls": calls, "failed": sum(failures.values()), "failures": dict(failures),
            "wall_s": wall, "most_in_flight": in_flight,
            "cpu": cpu, "context_tokens": context,
+           "collector_ms_per_call": 1000 * (metrics[COLLECTOR] - metrics_before[COLLECTOR]) / calls,
            "cores_per_1000_agents": 1000 / CALL_EVERY_SECONDS * cpu["cpu_ms_per_call"]["gateway"] / 1000,
            "rss_grown_mb": rss_grown / 2**20, "rss_peak_grown_mb": (peak_rss - rss_before) / 2**20,
            "rss_per_agent_kb": rss_grown / agents / 1024,
@@ -212,12 +242,14 @@ def targets(rows: list[dict]) -> list[Target]:
 
 
 def print_rows(rows: list[dict]) -> None:
-    print_table(["agents", "calls", "failed", "most in flight", "gateway CPU/call", "cores/1,000 agents", "req/s",
+    print_table(["agents", "calls", "failed", "most in flight", "gateway CPU/call", "of it collector",
+                 "cores/1,000 agents", "req/s",
                  "RSS grown", "at its peak", "RSS/agent", "RSS/context token", "bytes/step", "bytes/distinct token",
                  "keyframes after first",
                  "last turn p50", "p99", "engine alone p50", "p99"],
                 [[r["agents"], r["calls"], r["failed"], f"{r['most_in_flight']:.0f}",
-                  f"{r['cpu']['cpu_ms_per_call']['gateway']:.2f} ms", f"{r['cores_per_1000_agents']:.2f}",
+                  f"{r['cpu']['cpu_ms_per_call']['gateway']:.2f} ms", f"{r['collector_ms_per_call']:.2f} ms",
+                  f"{r['cores_per_1000_agents']:.2f}",
                   f"{r['calls'] / r['wall_s']:.1f}",
                   f"{r['rss_grown_mb']:.0f} MB", f"{r['rss_peak_grown_mb']:.0f} MB",
                   f"{r['rss_per_agent_kb']:.0f} KiB",

@@ -45,7 +45,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         app.include_router(router)
     # Outermost last: every request is observed, a shed or drained one too; the body cap applies before any parse.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(CallLimit, limit=settings.max_concurrent_calls, metrics=service.metrics)
+    app.add_middleware(CallLimit, limit=settings.max_concurrent_calls, metrics=service.metrics,
+                       quiet=service.quiet_heap)
     app.add_middleware(Drain, draining=lambda: service.draining)
     app.add_middleware(RequestObserver, metrics=service.metrics)
     return app

@@ -47,6 +47,8 @@ class GatewayMetrics:
                                  registry=r)
         self.calls_in_flight = Gauge("trajbus_gateway_calls_in_flight", "Engine calls this instance serves now "
                                      "(at most its --max-concurrent-calls)", registry=r)
+        self.heap_releases = Counter("trajbus_gateway_heap_releases", "Times this instance gave its free heap back "
+                                     "to the OS, once no engine call was in flight (gateway.http.quiet)", registry=r)
         self.shed = Counter("trajbus_gateway_shed", "Requests answered 503 at once because the gateway was at "
                             "its --max-concurrent-calls", ["route"], registry=r)
         self.generations = Counter("trajbus_gateway_generations", "Engine generations a weight update cut, then "

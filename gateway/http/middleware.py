@@ -18,6 +18,7 @@ from typing import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trajbus.gateway.errors import GatewayError, unavailable
+from trajbus.gateway.http.quiet import QuietHeapRelease
 from trajbus.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("trajbus.gateway")
@@ -71,10 +72,12 @@ class BodySizeLimit:
 
 
 class CallLimit:
-    """At most ``limit`` engine calls at once; the next is shed with 503 and ``Retry-After``."""
+    """At most ``limit`` engine calls at once; the next is shed with 503 and ``Retry-After``. ``quiet`` is told when
+    the calls in flight go from none to some and back (``gateway.http.quiet``)."""
 
-    def __init__(self, app: ASGIApp, limit: int, metrics: GatewayMetrics) -> None:
-        self.app, self.limit, self.metrics = app, limit, metrics
+    def __init__(self, app: ASGIApp, limit: int, metrics: GatewayMetrics,
+                 quiet: QuietHeapRelease | None = None) -> None:
+        self.app, self.limit, self.metrics, self.quiet = app, limit, metrics, quiet
         self.in_flight = 0
         metrics.calls_in_flight.set_function(lambda: self.in_flight)  # read when scraped: nothing per call
 
@@ -87,10 +90,14 @@ class CallLimit:
                                              f"(--max-concurrent-calls); retry shortly", code="overloaded",
                                              retry_after=SHED_RETRY_SECONDS), send)
         self.in_flight += 1
+        if self.in_flight == 1 and self.quiet is not None:
+            self.quiet.busy()
         try:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
+            if not self.in_flight and self.quiet is not None:
+                self.quiet.quiet()
 
 
 class Drain:

@@ -1,0 +1,85 @@
+"""When the gateway gives its free heap back (``gateway.http.quiet``): once no call is in flight, at most every
+``min_seconds``, never while calls are in flight."""
+
+import asyncio
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, Counter
+
+from trajbus.gateway.http.quiet import QuietHeapRelease
+
+INTERVAL = 0.3
+
+
+class Releases:
+    """The release the rule calls, on its worker thread: counted, and whether a call was in flight then."""
+
+    def __init__(self) -> None:
+        self.count, self.while_busy, self.busy = 0, 0, False
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        with self._lock:
+            self.count += 1
+            self.while_busy += self.busy
+        return True
+
+
+async def until(condition, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def rule(releases: Releases) -> QuietHeapRelease:
+    counter = Counter("releases", "releases", registry=CollectorRegistry())
+    return QuietHeapRelease(counter, release=releases, min_seconds=INTERVAL)
+
+
+def test_quiet_releases_at_once_then_at_most_once_per_interval_and_only_while_quiet() -> None:
+    async def scenario() -> None:
+        releases = Releases()
+        heap = rule(releases)
+        heap.busy()
+        heap.quiet()  # the first quiet moment: released at once
+        await until(lambda: releases.count == 1 and heap._running is None)
+        started = time.monotonic()
+        for _ in range(3):  # quiet again within the interval: one release, when the interval ends
+            heap.busy()
+            heap.quiet()
+        await until(lambda: releases.count == 2)
+        assert time.monotonic() - started >= INTERVAL * 0.9
+        await until(lambda: heap._running is None)
+
+        heap.busy()
+        heap.quiet()  # due at the interval's end...
+        heap.busy()  # ...but calls are in flight again by then: no release
+        releases.busy = True
+        await until(lambda: heap._due is None)
+        assert releases.count == 2
+        releases.busy = False
+        heap.quiet()  # the next quiet moment after the interval: released
+        await until(lambda: releases.count == 3)
+        assert releases.while_busy == 0
+        heap.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_release_due_is_cancelled_by_close() -> None:
+    async def scenario() -> None:
+        releases = Releases()
+        heap = rule(releases)
+        heap.quiet()
+        await until(lambda: releases.count == 1 and heap._running is None)
+        heap.quiet()  # within the interval: due at its end
+        due = heap._due
+        assert due is not None
+        heap.close()
+        assert due.cancelled() and heap._due is None
+        heap.quiet()  # closed: nothing begins
+        assert heap._due is None and heap._running is None
+
+    asyncio.run(scenario())
