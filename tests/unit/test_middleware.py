@@ -1,4 +1,5 @@
-"""The gateway's plain-ASGI middleware: load shedding beyond the engine-call limit, request metrics."""
+"""The gateway's plain-ASGI middleware: load shedding beyond the engine-call limit (and when the instance goes
+quiet), request metrics."""
 
 from __future__ import annotations
 
@@ -20,7 +21,16 @@ def test_engine_calls_beyond_the_limit_are_shed_at_once_with_503_and_retry_after
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    app = RequestObserver(CallLimit(engine_bound, limit=2, metrics=metrics), metrics)
+    transitions: list[str] = []
+
+    class Quiet:  # what gateway.http.quiet is told
+        def busy(self) -> None:
+            transitions.append("busy")
+
+        def quiet(self) -> None:
+            transitions.append("quiet")
+
+    app = RequestObserver(CallLimit(engine_bound, limit=2, metrics=metrics, quiet=Quiet()), metrics)
 
     async def scenario() -> tuple[list[int], httpx.Response, httpx.Response]:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
@@ -37,6 +47,7 @@ def test_engine_calls_beyond_the_limit_are_shed_at_once_with_503_and_retry_after
 
     held, shed, other_route = asyncio.run(scenario())
     assert held == [200, 200] and other_route.status_code == 200
+    assert transitions == ["busy", "quiet"], "two calls in flight together: busy once, quiet once both ended"
     assert shed.status_code == 503 and shed.headers["retry-after"] == "1"
     assert shed.json()["error"]["code"] == "overloaded" and shed.json()["error"]["type"] == "service_unavailable"
     samples = {(s.name, tuple(s.labels.values())): s.value for m in metrics.registry.collect() for s in m.samples}
