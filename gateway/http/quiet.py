@@ -25,6 +25,8 @@ from trajbus.infra.allocator import release_free_heap
 log = logging.getLogger("trajbus.gateway")
 MIN_SECONDS = 10.0
 """The least time between two releases: at one agent the instance goes quiet after every call."""
+LOGGED_BYTES = 16 * 2**20
+"""A release that returned less (a few MB, at a handful of agents) is logged at DEBUG only."""
 
 
 def _rss() -> int:
@@ -75,12 +77,14 @@ class QuietHeapRelease:
             log.warning("free heap not released error=%r", future.exception())
 
     def _release(self) -> None:
-        """On a worker thread: the release, its effect logged and counted."""
+        """On a worker thread: the release, counted, and logged (at INFO when it returned ``LOGGED_BYTES``)."""
         before, started = _rss(), time.perf_counter()
-        released = self.release()
+        self.release()
         self.releases.inc()
-        log.info("free heap released to the OS released=%s rss_mb_before=%.0f rss_mb_after=%.0f took_ms=%.1f",
-                 released, before / 2**20, _rss() / 2**20, 1000 * (time.perf_counter() - started))
+        after = _rss()
+        log.log(logging.INFO if before - after >= LOGGED_BYTES else logging.DEBUG,
+                "free heap released to the OS rss_mb_before=%.0f rss_mb_after=%.0f took_ms=%.1f",
+                before / 2**20, after / 2**20, 1000 * (time.perf_counter() - started))
 
     def close(self) -> None:
         """No release begins after this (one running ends on its own thread)."""
