@@ -46,8 +46,8 @@ class QuietHeapRelease:
     releases when the interval ends, if still quiet then). Lives on the event loop."""
 
     def __init__(self, releases: Counter, release: Callable[[], bool] = release_free_heap,
-                 min_seconds: float = MIN_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
-        self.releases, self.release, self.min_seconds, self.clock = releases, release, min_seconds, clock
+                 min_seconds: float = MIN_SECONDS) -> None:
+        self.releases, self.release, self.min_seconds = releases, release, min_seconds
         self._quiet = True
         self._last = -math.inf
         self._due: asyncio.TimerHandle | None = None
@@ -61,9 +61,10 @@ class QuietHeapRelease:
         self._quiet = True
         if self._closed or self._due is not None or self._running is not None:
             return  # one is on its way; calls freed after it began wait for the next quiet moment
-        wait = self._last + self.min_seconds - self.clock()
+        loop = asyncio.get_running_loop()
+        wait = self._last + self.min_seconds - loop.time()  # the loop's clock: the one ``call_later`` keeps
         if wait > 0:
-            self._due = asyncio.get_running_loop().call_later(wait, self._when_due)
+            self._due = loop.call_later(wait, self._when_due)
         else:
             self._start()
 
@@ -73,8 +74,9 @@ class QuietHeapRelease:
             self._start()
 
     def _start(self) -> None:
-        self._last = self.clock()
-        self._running = asyncio.get_running_loop().run_in_executor(None, self._release)
+        loop = asyncio.get_running_loop()
+        self._last = loop.time()
+        self._running = loop.run_in_executor(None, self._release)
         self._running.add_done_callback(self._finished)
 
     def _finished(self, future: asyncio.Future) -> None:
