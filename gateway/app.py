@@ -46,7 +46,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     # Outermost last: every request is observed, a shed or drained one too; the body cap applies before any parse.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(CallLimit, limit=settings.max_concurrent_calls, metrics=service.metrics,
-                       quiet=service.quiet_heap)
+                       quiet=service.upkeep)
     app.add_middleware(Drain, draining=lambda: service.draining)
     app.add_middleware(RequestObserver, metrics=service.metrics)
     return app

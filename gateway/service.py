@@ -28,7 +28,7 @@ from trajbus.gateway.engine.calls import EngineCalls
 from trajbus.gateway.engine.pool import BackendPool
 from trajbus.gateway.engine.updates import UpdateGate
 from trajbus.gateway.errors import unavailable
-from trajbus.gateway.http.quiet import QuietHeapRelease
+from trajbus.gateway.http.quiet import QuietUpkeep
 from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.gateway.prompts.tokenizer import ChatTokenizer
 from trajbus.gateway.rewards import RewardScorer
@@ -70,8 +70,9 @@ class GatewayService:
                                   stop_ids=lambda: self.tokenizer.stop_ids)
         self.chat = ChatCompletions(settings, self.require, self.tokenizer, self.engine, self.kafka, self.lifecycle,
                                     self.metrics)
-        self.quiet_heap = QuietHeapRelease(self.metrics.heap_releases)
-        """Gives the free heap back to the OS when no call is in flight (told so by ``middleware.CallLimit``)."""
+        self.upkeep = QuietUpkeep(self.metrics.heap_releases)
+        """Paces the collector while calls are in flight; collects fully and gives the free heap back to the OS when none
+        is (told so by ``middleware.CallLimit``)."""
         self.stop_serving: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM)
         """Ends the HTTP server gracefully (``gateway.server`` sets it to uvicorn's own exit flag)."""
         self.fatal: str | None = None
@@ -111,7 +112,7 @@ class GatewayService:
         self.stop_serving()  # graceful shutdown; serve() then exits fatal_status with the reason
 
     async def close(self) -> None:
-        self.quiet_heap.close()
+        self.upkeep.close()
         await self.sweeper.close()
         await asyncio.to_thread(self.pacing.close)
         await self.backends.close()

@@ -18,7 +18,7 @@ from typing import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trajbus.gateway.errors import GatewayError, unavailable
-from trajbus.gateway.http.quiet import QuietHeapRelease
+from trajbus.gateway.http.quiet import QuietUpkeep
 from trajbus.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("trajbus.gateway")
@@ -76,7 +76,7 @@ class CallLimit:
     the calls in flight go from none to some and back (``gateway.http.quiet``)."""
 
     def __init__(self, app: ASGIApp, limit: int, metrics: GatewayMetrics,
-                 quiet: QuietHeapRelease | None = None) -> None:
+                 quiet: QuietUpkeep | None = None) -> None:
         self.app, self.limit, self.metrics, self.quiet = app, limit, metrics, quiet
         self.in_flight = 0
         metrics.calls_in_flight.set_function(lambda: self.in_flight)  # read when scraped: nothing per call

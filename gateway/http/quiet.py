@@ -1,4 +1,6 @@
-"""The C allocator's free heap given back to the OS when the instance goes quiet (no engine call in flight).
+"""The gateway's memory upkeep, paced by its calls in flight: the collector's young collections while calls run
+(``infra.collector.CollectionPacer``), and once the instance goes quiet (no engine call in flight) a full
+collection and the C allocator's free heap given back to the OS.
 
 A burst of calls (thousands in flight at once at 32k-token contexts) leaves the gateway's heap holding what the
 calls freed: request bodies, messages, prompts, freed between the trajectories' state that outlives them. glibc
@@ -23,6 +25,7 @@ from typing import Callable
 from prometheus_client import Counter
 
 from trajbus.infra.allocator import release_free_heap
+from trajbus.infra.collector import CollectionPacer
 
 log = logging.getLogger("trajbus.gateway")
 MIN_SECONDS = 10.0
@@ -40,14 +43,16 @@ def _rss() -> int:
         return 0
 
 
-class QuietHeapRelease:
-    """Told when the instance's calls in flight go from none to some (``busy``) and back (``quiet``); releases the
-    free heap on a worker thread once it is quiet, at most every ``min_seconds`` (a quiet moment sooner than that
-    releases when the interval ends, if still quiet then). Lives on the event loop."""
+class QuietUpkeep:
+    """Told when the instance's calls in flight go from none to some (``busy``) and back (``quiet``); paces the
+    collector's young collections while busy, and once quiet, on a worker thread, runs a full collection and
+    releases the free heap, at most every ``min_seconds`` (a quiet moment sooner than that releases when the
+    interval ends, if still quiet then). Lives on the event loop."""
 
     def __init__(self, releases: Counter, release: Callable[[], bool] = release_free_heap,
-                 min_seconds: float = MIN_SECONDS) -> None:
+                 min_seconds: float = MIN_SECONDS, pacer: CollectionPacer | None = None) -> None:
         self.releases, self.release, self.min_seconds = releases, release, min_seconds
+        self.pacer = pacer or CollectionPacer()
         self._quiet = True
         self._last = -math.inf
         self._due: asyncio.TimerHandle | None = None
@@ -56,9 +61,11 @@ class QuietHeapRelease:
 
     def busy(self) -> None:
         self._quiet = False
+        self.pacer.busy()
 
     def quiet(self) -> None:
         self._quiet = True
+        self.pacer.quiet()
         if self._closed or self._due is not None or self._running is not None:
             return  # one is on its way; calls freed after it began wait for the next quiet moment
         loop = asyncio.get_running_loop()
@@ -85,8 +92,10 @@ class QuietHeapRelease:
             log.warning("free heap not released error=%r", future.exception())
 
     def _release(self) -> None:
-        """On a worker thread: the release, counted, and logged (at INFO when it returned ``LOGGED_BYTES``)."""
+        """On a worker thread: the full collection (what it frees is released too), the release, counted, and logged
+        (at INFO when it returned ``LOGGED_BYTES``)."""
         before, started = _rss(), time.perf_counter()
+        self.pacer.full()
         self.release()
         self.releases.inc()
         after = _rss()
@@ -95,8 +104,9 @@ class QuietHeapRelease:
                 before / 2**20, after / 2**20, 1000 * (time.perf_counter() - started))
 
     def close(self) -> None:
-        """No release begins after this (one running ends on its own thread)."""
+        """No release or collection begins after this (one running ends on its own thread)."""
         self._closed = True
+        self.pacer.close()
         if self._due is not None:
             self._due.cancel()
             self._due = None

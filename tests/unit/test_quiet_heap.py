@@ -1,5 +1,5 @@
-"""When the gateway gives its free heap back (``gateway.http.quiet``): once no call is in flight, at most every
-``min_seconds``, never while calls are in flight."""
+"""When the gateway collects fully and gives its free heap back (``gateway.http.quiet``): once no call is in flight,
+at most every ``min_seconds``, never while calls are in flight."""
 
 import asyncio
 import threading
@@ -7,17 +7,24 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter
 
-from trajbus.gateway.http.quiet import QuietHeapRelease
+from trajbus.gateway.http.quiet import QuietUpkeep
+from trajbus.infra.collector import CollectionPacer
 
 INTERVAL = 0.3
 
 
 class Releases:
-    """The release the rule calls, on its worker thread: counted, and whether a call was in flight then."""
+    """The release the rule calls, on its worker thread: counted, and whether a call was in flight then; and the
+    full collections its pacer was asked for."""
 
     def __init__(self) -> None:
-        self.count, self.while_busy, self.busy = 0, 0, False
+        self.count, self.while_busy, self.busy, self.full = 0, 0, False, 0
         self._lock = threading.Lock()
+
+    def collect(self, generation: int) -> int:
+        with self._lock:
+            self.full += generation == 2
+        return 0
 
     def __call__(self) -> bool:
         with self._lock:
@@ -33,9 +40,10 @@ async def until(condition, seconds: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def rule(releases: Releases) -> QuietHeapRelease:
+def rule(releases: Releases) -> QuietUpkeep:
     counter = Counter("releases", "releases", registry=CollectorRegistry())
-    return QuietHeapRelease(counter, release=releases, min_seconds=INTERVAL)
+    pacer = CollectionPacer(full_seconds=3600, collect=releases.collect)
+    return QuietUpkeep(counter, release=releases, min_seconds=INTERVAL, pacer=pacer)
 
 
 def test_quiet_releases_at_once_then_at_most_once_per_interval_and_only_while_quiet() -> None:
@@ -63,6 +71,7 @@ def test_quiet_releases_at_once_then_at_most_once_per_interval_and_only_while_qu
         heap.quiet()  # the next quiet moment after the interval: released
         await until(lambda: releases.count == 3)
         assert releases.while_busy == 0
+        assert releases.full == 3  # each release after a full collection
         heap.close()
 
     asyncio.run(scenario())
