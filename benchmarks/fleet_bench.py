@@ -6,7 +6,9 @@ trajectory and runs a 16-turn conversation, each turn adding a ~1.7k-token tool 
 last prompt is ~32k tokens; all agents call at once, so every agent's call is in flight together. Per level:
 
 - the gateway's CPU per call (``benchmarks.cpu_meter``, the kernel's accounting), and the cycle collector's part
-  (its pauses, ``trajbus_gateway_gc_pause_seconds``);
+  (its pauses, ``trajbus_gateway_gc_pause_seconds``); the longest pause of the collections paced while the calls
+  ran (``infra.collector``, bounded by a bucket of the histogram) and the full collections' mean (the one once
+  quiet, before the heap's release, and one every ``FULL_SECONDS`` of calls);
 - its RSS grown over the level (all trajectories still open, their contexts whole), per agent and per
   context token (the target counts every copy the process keeps of a context: <= 8 bytes a token), read once
   the gateway, quiet, gave back the heap its calls freed (``gateway.http.quiet``), and at its peak while every
@@ -37,6 +39,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 import psutil
+from prometheus_client.utils import floatToGoString
 
 from benchmarks.assembly_bench import RESULTS, percentile
 from benchmarks.cpu_meter import CpuMeter
@@ -44,6 +47,7 @@ from benchmarks.gateway_bench import post
 from benchmarks.gateway_workload import REPLY, conversation, engine_prompts
 from benchmarks.targets import Target, print_targets
 from trajbus.gateway.engine.pool import KEEPALIVE_SECONDS, request_body
+from trajbus.gateway.gc_pauses import PAUSE_BUCKETS
 from trajbus.gateway.http.quiet import MIN_SECONDS as QUIET_MIN_SECONDS
 from trajbus.gateway.server import raise_open_files_limit
 from trajbus.infra import clients, tiny_model
@@ -66,18 +70,35 @@ CALL_EVERY_SECONDS = 10.0
 tool take the rest), so 1,000 agents make 100 calls a second."""
 METRICS_EVERY = 0.5
 RELEASES, COLLECTOR = "trajbus_gateway_heap_releases_total", "trajbus_gateway_gc_pause_seconds_sum"
+PAUSE = "trajbus_gateway_gc_pause_seconds"
+PAUSE_BOUNDS = [floatToGoString(bound) for bound in PAUSE_BUCKETS] + ["+Inf"]
+PACED_GENERATIONS, FULL = ("0", "1"), "2"
+"""The collections paced while calls are in flight (``infra.collector``), and the full ones (when quiet, or every
+``FULL_SECONDS`` while calls never stop)."""
 
 
 async def gateway_metrics(client: aiohttp.ClientSession, gateway: str) -> Counter:
-    """The gateway's ``/metrics`` samples, summed by name over their labels."""
+    """The gateway's ``/metrics`` samples, by name and labels as served, and summed by name over their labels."""
     async with client.get(f"{gateway}/metrics") as response:
         text = await response.text()
     samples: Counter = Counter()
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
-            samples[name.partition("{")[0]] += float(value)
+            samples[name] += float(value)
+            if "{" in name:
+                samples[name.partition("{")[0]] += float(value)
     return samples
+
+
+def pauses(before: Counter, after: Counter, generations: tuple[str, ...]) -> tuple[float, float]:
+    """The collections of these generations between two readings: how many, and the bucket bound of the longest
+    (0 if none)."""
+    def count(bound: str) -> float:
+        return sum(after[f'{PAUSE}_bucket{{generation="{g}",le="{bound}"}}']
+                   - before[f'{PAUSE}_bucket{{generation="{g}",le="{bound}"}}'] for g in generations)
+    total = count("+Inf")
+    return total, float(next((bound for bound in PAUSE_BOUNDS if total and count(bound) >= total), "0"))
 
 
 async def watch_level(client: aiohttp.ClientSession, gateway: str, process: psutil.Process, done: asyncio.Event
@@ -189,6 +210,7 @@ async def level(engine: str, gateway: str, bootstrap: str, prefix: str, agents: 
         before = meter.snapshot()
         level_urls, via, failures, wall = await agents_run(client, gateway, agents, bodies)
         urls += level_urls
+        paced_pauses = pauses(metrics_before, await gateway_metrics(client, gateway), PACED_GENERATIONS)
         done.set()
         in_flight, peak_rss = await watcher
         peak_rss = max(peak_rss, process.memory_info().rss)  # sampled: the end may be the top
@@ -206,6 +228,10 @@ async def level(engine: str, gateway: str, bootstrap: str, prefix: str, agents: 
            "wall_s": wall, "most_in_flight": in_flight,
            "cpu": cpu, "context_tokens": context,
            "collector_ms_per_call": 1000 * (metrics[COLLECTOR] - metrics_before[COLLECTOR]) / calls,
+           "paced_collections": paced_pauses[0], "paced_longest_bound_ms": 1000 * paced_pauses[1],
+           "full_collections": pauses(metrics_before, metrics, (FULL,))[0],
+           "full_seconds": metrics[f'{PAUSE}_sum{{generation="{FULL}"}}']
+           - metrics_before[f'{PAUSE}_sum{{generation="{FULL}"}}'],
            "cores_per_1000_agents": 1000 / CALL_EVERY_SECONDS * cpu["cpu_ms_per_call"]["gateway"] / 1000,
            "rss_grown_mb": rss_grown / 2**20, "rss_peak_grown_mb": (peak_rss - rss_before) / 2**20,
            "rss_per_agent_kb": rss_grown / agents / 1024,
@@ -243,12 +269,14 @@ def targets(rows: list[dict]) -> list[Target]:
 
 def print_rows(rows: list[dict]) -> None:
     print_table(["agents", "calls", "failed", "most in flight", "gateway CPU/call", "of it collector",
-                 "cores/1,000 agents", "req/s",
+                 "longest paced pause (collections)", "full collections: mean", "cores/1,000 agents", "req/s",
                  "RSS grown", "at its peak", "RSS/agent", "RSS/context token", "bytes/step", "bytes/distinct token",
                  "keyframes after first",
                  "last turn p50", "p99", "engine alone p50", "p99"],
                 [[r["agents"], r["calls"], r["failed"], f"{r['most_in_flight']:.0f}",
                   f"{r['cpu']['cpu_ms_per_call']['gateway']:.2f} ms", f"{r['collector_ms_per_call']:.2f} ms",
+                  f"<= {r['paced_longest_bound_ms']:g} ms ({r['paced_collections']:.0f})",
+                  f"{r['full_collections']:.0f}: {1000 * r['full_seconds'] / max(r['full_collections'], 1):.0f} ms",
                   f"{r['cores_per_1000_agents']:.2f}",
                   f"{r['calls'] / r['wall_s']:.1f}",
                   f"{r['rss_grown_mb']:.0f} MB", f"{r['rss_peak_grown_mb']:.0f} MB",
