@@ -8,7 +8,8 @@ last prompt is ~32k tokens; all agents call at once, so every agent's call is in
 - the gateway's CPU per call (``benchmarks.cpu_meter``, the kernel's accounting), and the cycle collector's part
   (its pauses, ``trajbus_gateway_gc_pause_seconds``); the longest pause of the collections paced while the calls
   ran (``infra.collector``, bounded by a bucket of the histogram) and the full collections' mean (the one once
-  quiet, before the heap's release, and one every ``FULL_SECONDS`` of calls);
+  quiet, before the heap's release, and one every ``FULL_SECONDS`` of calls); beside it the engine's CPU per call,
+  the same work per call at every level: what the level's concurrency alone costs a call on this machine;
 - its RSS grown over the level (all trajectories still open, their contexts whole), per agent and per
   context token (the target counts every copy the process keeps of a context: <= 8 bytes a token), read once
   the gateway, quiet, gave back the heap its calls freed (``gateway.http.quiet``), and at its peak while every
@@ -269,7 +270,8 @@ def targets(rows: list[dict]) -> list[Target]:
 
 def print_rows(rows: list[dict]) -> None:
     print_table(["agents", "calls", "failed", "most in flight", "gateway CPU/call", "of it collector",
-                 "longest paced pause (collections)", "full collections: mean", "cores/1,000 agents", "req/s",
+                 "longest paced pause (collections)", "full collections: mean", "engine CPU/call",
+                 "cores/1,000 agents", "req/s",
                  "RSS grown", "at its peak", "RSS/agent", "RSS/context token", "bytes/step", "bytes/distinct token",
                  "keyframes after first",
                  "last turn p50", "p99", "engine alone p50", "p99"],
@@ -277,6 +279,7 @@ def print_rows(rows: list[dict]) -> None:
                   f"{r['cpu']['cpu_ms_per_call']['gateway']:.2f} ms", f"{r['collector_ms_per_call']:.2f} ms",
                   f"<= {r['paced_longest_bound_ms']:g} ms ({r['paced_collections']:.0f})",
                   f"{r['full_collections']:.0f}: {1000 * r['full_seconds'] / max(r['full_collections'], 1):.0f} ms",
+                  f"{r['cpu']['cpu_ms_per_call']['engine']:.2f} ms",
                   f"{r['cores_per_1000_agents']:.2f}",
                   f"{r['calls'] / r['wall_s']:.1f}",
                   f"{r['rss_grown_mb']:.0f} MB", f"{r['rss_peak_grown_mb']:.0f} MB",
