@@ -37,6 +37,7 @@ from trajbus.gateway.state.served_version import ServedVersion
 from trajbus.gateway.state.sweeper import StateSweeper
 from trajbus.gateway.state.trajectories import TrajectoryStore
 from trajbus.infra import tracing
+from trajbus.infra.collector import CollectionPacer
 from trajbus.streams.wire.topics import traces_topic
 
 log = logging.getLogger("trajbus.gateway")
@@ -70,7 +71,8 @@ class GatewayService:
                                   stop_ids=lambda: self.tokenizer.stop_ids)
         self.chat = ChatCompletions(settings, self.require, self.tokenizer, self.engine, self.kafka, self.lifecycle,
                                     self.metrics)
-        self.upkeep = QuietUpkeep(self.metrics.heap_releases)
+        self.upkeep = QuietUpkeep(self.metrics.heap_releases,
+                                  pacer=CollectionPacer(full_seconds=settings.full_collection_every))
         """Paces the collector while calls are in flight; collects fully and gives the free heap back to the OS when none
         is (told so by ``middleware.CallLimit``)."""
         self.stop_serving: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM)

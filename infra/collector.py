@@ -35,7 +35,7 @@ ticks), a middle one every fourth, and a full one never of its own accord (``Col
 TICK_SECONDS = 0.1
 FULL_SECONDS = 600.0
 """The longest an instance whose calls never stop goes without a full collection (the cycles freed in its old
-generation wait that long; measured, a gateway makes almost none)."""
+generation wait that long; measured, a gateway makes almost none): the gateway's ``--full-collection-every``."""
 
 
 def tune_for_serving() -> None:
