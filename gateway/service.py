@@ -73,8 +73,8 @@ class GatewayService:
                                     self.metrics)
         self.upkeep = QuietUpkeep(self.metrics.heap_releases,
                                   pacer=CollectionPacer(full_seconds=settings.full_collection_every))
-        """Paces the collector while calls are in flight; collects fully and gives the free heap back to the OS when none
-        is (told so by ``middleware.CallLimit``)."""
+        """Paces the collector while calls are in flight; collects fully and gives the free heap back to the OS
+        when none is (told so by ``middleware.CallLimit``)."""
         self.stop_serving: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM)
         """Ends the HTTP server gracefully (``gateway.server`` sets it to uvicorn's own exit flag)."""
         self.fatal: str | None = None

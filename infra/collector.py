@@ -12,7 +12,7 @@ and none is garbage (the collections found 0).
 So the server paces its own collections (``CollectionPacer``): while calls are in flight, every
 ``TICK_SECONDS`` on the event loop it collects the young and middle generations together, which walks what was
 allocated since the last tick once and moves what is still alive to the old generation. A pause then follows the
-calls' rate over one tick, not all the calls in flight (under 1 ms at 256 paced calls), and an object of a call
+calls' rate over one tick, not all the calls in flight (under 10 ms at 256 paced calls), and an object of a call
 is walked once, not once per generation. Full collections walk every object of every call in flight and every
 open trajectory, so they run when no call is in flight (``gateway.http.quiet``), and while calls never stop, at
 most every ``FULL_SECONDS``. The thresholds stay as a net for a burst that allocates faster than the ticks.

@@ -1,6 +1,6 @@
-"""The gateway's memory upkeep, paced by its calls in flight: the collector's young collections while calls run
-(``infra.collector.CollectionPacer``), and once the instance goes quiet (no engine call in flight) a full
-collection and the C allocator's free heap given back to the OS.
+"""The gateway's memory upkeep, paced by its calls in flight: the collector's young and middle generations
+collected every 0.1 s while calls run (``infra.collector.CollectionPacer``), and once the instance goes quiet (no
+engine call in flight) a full collection and the C allocator's free heap given back to the OS.
 
 A burst of calls (thousands in flight at once at 32k-token contexts) leaves the gateway's heap holding what the
 calls freed: request bodies, messages, prompts, freed between the trajectories' state that outlives them. glibc
@@ -45,9 +45,9 @@ def _rss() -> int:
 
 class QuietUpkeep:
     """Told when the instance's calls in flight go from none to some (``busy``) and back (``quiet``); paces the
-    collector's young collections while busy, and once quiet, on a worker thread, runs a full collection and
-    releases the free heap, at most every ``min_seconds`` (a quiet moment sooner than that releases when the
-    interval ends, if still quiet then). Lives on the event loop."""
+    collector's young and middle collections while busy, and once quiet, on a worker thread, runs a full
+    collection and releases the free heap, at most every ``min_seconds`` (a quiet moment sooner than that
+    releases when the interval ends, if still quiet then). Lives on the event loop."""
 
     def __init__(self, releases: Counter, release: Callable[[], bool] = release_free_heap,
                  min_seconds: float = MIN_SECONDS, pacer: CollectionPacer | None = None) -> None:
