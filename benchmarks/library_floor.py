@@ -9,7 +9,8 @@ has not made), the engine called with the turn's prompt ids, streamed
 at the gateway's default ``--engine-stream-interval`` and parsed event by event (aiohttp, orjson), one record
 of the new tokens and their log-probs acknowledged by Kafka (confluent-kafka, ``acks=all``, the step
 producer's settings, its delivery reports served by trajbus's ``Poller`` as the gateway's are), and a small
-JSON answer; Python's collector is set as the gateway sets it (``infra.collector``). It leaves out what
+JSON answer; Python's collector has the gateway's thresholds and frozen startup (``infra.collector``; the gateway
+also paces its collections while calls are in flight, the floor does not). It leaves out what
 trajbus adds: the chat template, checking the request, the trajectory's state on disk, the Step's
 checks and prefix encoding, metrics.
 
