@@ -40,15 +40,14 @@ from pathlib import Path
 import aiohttp
 import orjson
 import psutil
-from prometheus_client.utils import floatToGoString
 
 from benchmarks.assembly_bench import RESULTS, percentile
 from benchmarks.cpu_meter import CpuMeter
 from benchmarks.gateway_bench import post
 from benchmarks.gateway_workload import REPLY, conversation, engine_prompts
+from benchmarks.paced_bench import gc_during, gc_reading
 from benchmarks.targets import Target, print_targets
 from trajbus.gateway.engine.pool import KEEPALIVE_SECONDS, request_body
-from trajbus.gateway.gc_pauses import PAUSE_BUCKETS
 from trajbus.gateway.http.quiet import MIN_SECONDS as QUIET_MIN_SECONDS
 from trajbus.gateway.server import raise_open_files_limit
 from trajbus.infra import clients, tiny_model
@@ -70,36 +69,22 @@ CALL_EVERY_SECONDS = 10.0
 """The reference workload for sizing: each agent makes one call every ~10 s (an engine's reply and the agent's
 tool take the rest), so 1,000 agents make 100 calls a second."""
 METRICS_EVERY = 0.5
-RELEASES, COLLECTOR = "trajbus_gateway_heap_releases_total", "trajbus_gateway_gc_pause_seconds_sum"
-PAUSE = "trajbus_gateway_gc_pause_seconds"
-PAUSE_BOUNDS = [floatToGoString(bound) for bound in PAUSE_BUCKETS] + ["+Inf"]
-PACED_GENERATIONS, FULL = ("0", "1"), "2"
+RELEASES = "trajbus_gateway_heap_releases_total"
+PACED_GENERATIONS, FULL = ("0", "1"), ("2",)
 """The collections paced while calls are in flight (``infra.collector``), and the full ones (when quiet, or every
 ``FULL_SECONDS`` while calls never stop)."""
 
 
 async def gateway_metrics(client: aiohttp.ClientSession, gateway: str) -> Counter:
-    """The gateway's ``/metrics`` samples, by name and labels as served, and summed by name over their labels."""
+    """The gateway's ``/metrics`` samples, summed by name over their labels."""
     async with client.get(f"{gateway}/metrics") as response:
         text = await response.text()
     samples: Counter = Counter()
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
-            samples[name] += float(value)
-            if "{" in name:
-                samples[name.partition("{")[0]] += float(value)
+            samples[name.partition("{")[0]] += float(value)
     return samples
-
-
-def pauses(before: Counter, after: Counter, generations: tuple[str, ...]) -> tuple[float, float]:
-    """The collections of these generations between two readings: how many, and the bucket bound of the longest
-    (0 if none)."""
-    def count(bound: str) -> float:
-        return sum(after[f'{PAUSE}_bucket{{generation="{g}",le="{bound}"}}']
-                   - before[f'{PAUSE}_bucket{{generation="{g}",le="{bound}"}}'] for g in generations)
-    total = count("+Inf")
-    return total, float(next((bound for bound in PAUSE_BOUNDS if total and count(bound) >= total), "0"))
 
 
 async def watch_level(client: aiohttp.ClientSession, gateway: str, process: psutil.Process, done: asyncio.Event
@@ -206,33 +191,34 @@ async def level(engine: str, gateway: str, bootstrap: str, prefix: str, agents: 
         urls, _, _, _ = await agents_run(client, gateway, 1, bodies[:1])  # a call, then a quiet instance whose
         metrics_before = await heap_released(client, gateway, releases)  # freed heap went back: what earlier
         rss_before = process.memory_info().rss  # levels freed is not counted as this level's
+        gc_before = await gc_reading(client, gateway)
         done = asyncio.Event()
         watcher = asyncio.create_task(watch_level(client, gateway, process, done))
         before = meter.snapshot()
         level_urls, via, failures, wall = await agents_run(client, gateway, agents, bodies)
         urls += level_urls
-        paced_pauses = pauses(metrics_before, await gateway_metrics(client, gateway), PACED_GENERATIONS)
+        paced = gc_during(gc_before, await gc_reading(client, gateway), PACED_GENERATIONS)
         done.set()
         in_flight, peak_rss = await watcher
         peak_rss = max(peak_rss, process.memory_info().rss)  # sampled: the end may be the top
-        metrics = await heap_released(client, gateway, metrics_before[RELEASES])
+        await heap_released(client, gateway, metrics_before[RELEASES])
+        gc_after = await gc_reading(client, gateway)
         rss_grown = process.memory_info().rss - rss_before
         phase = meter.since(before)  # the release's CPU counted with the calls'
         direct = await direct_last_turn(client, engine, agents, prompts[-1])
         for url in urls:  # the state freed for the next level (a trajectory whose first call failed has none)
             async with client.post(f"{url}/complete_trajectory", json={"reward": 1.0}) as response:
                 await response.read()
+    full = gc_during(gc_before, gc_after, FULL)
     context = len(prompts[-1]) + len(reply)
     calls = agents * TURNS
     cpu = phase.summary(calls)
     row = {"agents": agents, "calls": calls, "failed": sum(failures.values()), "failures": dict(failures),
            "wall_s": wall, "most_in_flight": in_flight,
            "cpu": cpu, "context_tokens": context,
-           "collector_ms_per_call": 1000 * (metrics[COLLECTOR] - metrics_before[COLLECTOR]) / calls,
-           "paced_collections": paced_pauses[0], "paced_longest_bound_ms": 1000 * paced_pauses[1],
-           "full_collections": pauses(metrics_before, metrics, (FULL,))[0],
-           "full_seconds": metrics[f'{PAUSE}_sum{{generation="{FULL}"}}']
-           - metrics_before[f'{PAUSE}_sum{{generation="{FULL}"}}'],
+           "collector_ms_per_call": 1000 * gc_during(gc_before, gc_after)["seconds"] / calls,
+           "paced_collections": sum(paced["collections"].values()), "paced_longest_bound_ms": 1000 * paced["longest_s"],
+           "full_collections": sum(full["collections"].values()), "full_seconds": full["seconds"],
            "cores_per_1000_agents": 1000 / CALL_EVERY_SECONDS * cpu["cpu_ms_per_call"]["gateway"] / 1000,
            "rss_grown_mb": rss_grown / 2**20, "rss_peak_grown_mb": (peak_rss - rss_before) / 2**20,
            "rss_per_agent_kb": rss_grown / agents / 1024,
@@ -277,7 +263,7 @@ def print_rows(rows: list[dict]) -> None:
                  "last turn p50", "p99", "engine alone p50", "p99"],
                 [[r["agents"], r["calls"], r["failed"], f"{r['most_in_flight']:.0f}",
                   f"{r['cpu']['cpu_ms_per_call']['gateway']:.2f} ms", f"{r['collector_ms_per_call']:.2f} ms",
-                  f"<= {r['paced_longest_bound_ms']:g} ms ({r['paced_collections']:.0f})",
+                  f"<= {r['paced_longest_bound_ms']:.1f} ms ({r['paced_collections']:.0f})",
                   f"{r['full_collections']:.0f}: {1000 * r['full_seconds'] / max(r['full_collections'], 1):.0f} ms",
                   f"{r['cpu']['cpu_ms_per_call']['engine']:.2f} ms",
                   f"{r['cores_per_1000_agents']:.2f}",

@@ -54,6 +54,7 @@ from benchmarks.gateway_bench import post
 from benchmarks.gateway_workload import REPLY, TURNS, conversation, engine_prompts
 from benchmarks.targets import Target, print_targets
 from trajbus.gateway.engine.pool import KEEPALIVE_SECONDS, request_body
+from trajbus.gateway.gc_pauses import HISTOGRAM, LONGEST
 from trajbus.gateway.server import raise_open_files_limit
 from trajbus.infra import tiny_model
 from trajbus.pipelines.processes import ServiceProcess, free_port, gateway_process, scripted_engine_process, wait_http
@@ -171,34 +172,41 @@ async def capacity(gateway: str, turns: list[list[dict]], args: argparse.Namespa
             "failed": failed, "cpu": cpu}
 
 
-GC_BUCKET = re.compile(r'^trajbus_gateway_gc_pause_seconds_bucket\{generation="(\d+)",le="([^"]+)"\} (\S+)$', re.M)
-GC_LONGEST = re.compile(r"^trajbus_gateway_gc_pause_max_seconds (\S+)$", re.M)
+GC_BUCKET = re.compile(rf'^{HISTOGRAM}_bucket\{{generation="(\d+)",le="([^"]+)"\}} (\S+)$', re.M)
+GC_SUM = re.compile(rf'^{HISTOGRAM}_sum\{{generation="(\d+)"\}} (\S+)$', re.M)
+GC_LONGEST = re.compile(rf"^{LONGEST} (\S+)$", re.M)
 
 
 async def gc_reading(client: aiohttp.ClientSession, gateway: str) -> dict:
-    """The gateway's collector pauses so far: cumulative counts per (generation, bound), the longest."""
+    """The gateway's collector pauses so far: cumulative counts per (generation, bound), seconds per generation,
+    the longest."""
     async with client.get(f"{gateway}/metrics") as response:
         text = await response.text()
     buckets = {(g, float(le)): float(n) for g, le, n in GC_BUCKET.findall(text)}
+    sums = {g: float(seconds) for g, seconds in GC_SUM.findall(text)}
     longest = GC_LONGEST.search(text)
-    return {"buckets": buckets, "longest": float(longest.group(1)) if longest else 0.0}
+    return {"buckets": buckets, "sums": sums, "longest": float(longest.group(1)) if longest else 0.0}
 
 
-def gc_during(before: dict, after: dict) -> dict:
-    """The collections between two readings, those over the target, and the longest: exact when the gauge of the
-    longest grew meanwhile, else bounded by the highest bucket that counted one (and by the gauge)."""
-    delta = {key: n - before["buckets"].get(key, 0.0) for key, n in after["buckets"].items()}
-    generations = sorted({g for g, _ in delta})
+def gc_during(before: dict, after: dict, generations: tuple[str, ...] | None = None) -> dict:
+    """The collections between two readings (of ``generations``, else all), their seconds, those over the target,
+    and the longest: exact when all are counted and the gauge of the longest grew meanwhile, else bounded by the
+    highest bucket that counted one (and by the gauge)."""
+    every = generations is None  # the gauge of the longest counts every generation's
+    delta = {key: n - before["buckets"].get(key, 0.0) for key, n in after["buckets"].items()
+             if every or key[0] in generations}
+    generations = tuple(sorted({g for g, _ in delta}))
     totals = {g: delta.get((g, float("inf")), 0.0) for g in generations}
     over = sum(totals[g] - delta.get((g, GC_PAUSE_MS / 1000), 0.0) for g in generations)
-    if after["longest"] > before["longest"]:
+    seconds = sum(after["sums"].get(g, 0.0) - before["sums"].get(g, 0.0) for g in generations)
+    if every and after["longest"] > before["longest"]:
         longest, exact = after["longest"], True
     else:
         bounds = [min(le for (gen, le), n in delta.items() if gen == g and n >= totals[g])
                   for g in generations if totals[g] > 0]
-        longest, exact = min(max(bounds, default=0.0), before["longest"]), False
-    return {"collections": {g: totals[g] for g in generations}, "over_target": over, "longest_s": longest,
-            "longest_exact": exact}
+        longest, exact = min(max(bounds, default=0.0), after["longest"]), False
+    return {"collections": {g: totals[g] for g in generations}, "seconds": seconds, "over_target": over,
+            "longest_s": longest, "longest_exact": exact}
 
 
 async def level(engine: str, gateway: str, turns: list[list[dict]], prompts: list[list[int]], agents: int,

@@ -100,7 +100,8 @@ class QuietUpkeep:
         self.releases.inc()
         after = _rss()
         log.log(logging.INFO if before - after >= LOGGED_BYTES else logging.DEBUG,
-                "free heap released to the OS rss_mb_before=%.0f rss_mb_after=%.0f took_ms=%.1f",
+                "full collection run and free heap released to the OS rss_mb_before=%.0f rss_mb_after=%.0f "
+                "took_ms=%.1f",
                 before / 2**20, after / 2**20, 1000 * (time.perf_counter() - started))
 
     def close(self) -> None:
