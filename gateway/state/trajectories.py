@@ -3,12 +3,14 @@
 A black-box agent holds only a URL; everything else (channel, group size,
 metadata, the step counter, the backend with its prefix cache, the last
 conversation for the reward function) lives here, in SQLite under
-``--state-dir``. Every change is committed before the gateway answers, and a
-committed transaction survives SIGKILL of the process, so a restarted gateway
-continues the same trajectories with the right step indices. A commit writes the
-WAL only (no fsync, ``synchronous=NORMAL``): the event loop makes it in place
-when no other thread holds the connection, and a checkpointer thread of its own
-copies the WAL into the database, so a call never waits for a disk flush.
+``--state-dir``. Every change is committed before the gateway acts on it (sends
+the steps, answers), and a committed transaction survives SIGKILL of the process,
+so a restarted gateway continues the same trajectories with the right step
+indices. The changes of the calls in flight are committed together
+(``gateway.state.commits``); a commit writes the WAL only (no fsync,
+``synchronous=NORMAL``), in place on the event loop when no other thread holds the
+connection, and a checkpointer thread copies the WAL into the database, so a
+call never waits for a disk flush.
 
 A call takes its step indices when it publishes (under the trajectory's publish
 lock, after the engine answered) and never gives them back: a record whose fate
@@ -58,6 +60,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from cachetools import LRUCache
 
 from trajbus.gateway.prompts.token_ids import TokenIds, packed
+from trajbus.gateway.state.commits import Checkpointer, GroupCommit
 
 T = TypeVar("T")
 log = logging.getLogger("trajbus.gateway")
@@ -97,8 +100,6 @@ CREATE TABLE IF NOT EXISTS turns (
     PRIMARY KEY (trajectory_uid, first_step)
 )
 """
-CHECKPOINT_SECONDS = 1.0
-"""How often the checkpointer copies committed pages from the WAL into the database (never in a call's commit)."""
 # Columns absent from the state of older gateways, added when it is opened:
 _ADDED_COLUMNS = {"context_ids": "BLOB", "context_step": "INTEGER", "acknowledged": "BLOB"}
 
@@ -183,36 +184,14 @@ class _Snapshots:
                 self._items.pop(uid, None)
 
 
-class _Checkpointer:
-    """Copies the WAL into the database every ``CHECKPOINT_SECONDS`` on its own thread and connection (a
-    passive checkpoint: writers go on meanwhile), so no commit on the event loop pays for one."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="trajectory-checkpoint", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(CHECKPOINT_SECONDS):
-            try:
-                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            except sqlite3.Error as exc:  # the next one copies what this one could not
-                log.warning("trajectory state checkpoint failed path=%s error=%s", self._path, exc)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._db.close()
-
-
 class TrajectoryStore:
     """SQLite (WAL) table of trajectories behind an in-memory cache; safe to call from any thread.
 
-    A change (``write``) is made on the event loop when the connection is free (a commit appends to the WAL,
-    no fsync; checkpoints run on ``_Checkpointer``'s thread), else on one writer thread, so a sweep holding
-    the connection never holds the loop. Reads of trajectories in use come from memory.
+    A change (``write``) is made on the event loop when the connection is free, else on one writer thread, so
+    a sweep holding the connection never holds the loop. A call's changes (``take_steps``,
+    ``record_published``) change the memory at once and are queued for a group commit (``GroupCommit``: a WAL
+    append, no fsync), which ``write`` awaits; every other use of the connection commits the queue first.
+    Reads of trajectories in use come from memory.
     """
 
     def __init__(self, directory: Path, cached: int = CACHED_TRAJECTORIES) -> None:
@@ -235,7 +214,8 @@ class TrajectoryStore:
         """Guards the connection (re-entered: a change made in place holds it around the change's own use)."""
         self._snapshots = _Snapshots(cached)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="trajectory-state")
-        self._checkpointer = _Checkpointer(self.path)
+        self._commits = GroupCommit(self._db, self._lock, self._writer, on_failure=self._forget)
+        self._checkpointer = Checkpointer(self.path)
 
     def _row(self, row: tuple) -> Trajectory:
         (uid, prompt_uid, channel, n_rollouts, metadata, version, backend, next_step, published, status,
@@ -246,14 +226,27 @@ class TrajectoryStore:
                           _acknowledged(acknowledged, published))
 
     async def write(self, change: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Make one of the store's changes (``create``, ``take_steps``, ...): in place when the connection is
-        free (a WAL append, microseconds), else on the writer thread, which waits for it."""
+        """Make one of the store's changes (``create``, ``take_steps``, ...) and return once it is committed:
+        in place when the connection is free, else on the writer thread, which waits for it."""
         if self._lock.acquire(blocking=False):
             try:
-                return change(*args, **kwargs)
+                result, batch = change(*args, **kwargs), self._commits.open_batch()
             finally:
                 self._lock.release()
-        return await asyncio.get_running_loop().run_in_executor(self._writer, partial(change, *args, **kwargs))
+        else:
+            result, batch = await asyncio.get_running_loop().run_in_executor(
+                self._writer, partial(self._locked, change, *args, **kwargs))
+        if batch is not None:  # queued for a group commit (under the same hold of the lock: this batch)
+            await self._commits.wait(batch)
+        return result
+
+    def _locked(self, change: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, Any]:
+        with self._lock:
+            return change(*args, **kwargs), self._commits.open_batch()
+
+    def _forget(self, trajectory_uids: set[str]) -> None:
+        """A group commit failed: these trajectories are read again from the disk, whose state is the truth."""
+        self._snapshots.drop(list(trajectory_uids))
 
     def get(self, trajectory_uid: str) -> Trajectory | None:
         """The trajectory as stored: from memory, else its row with its turns replayed. Never changed later."""
@@ -261,6 +254,7 @@ class TrajectoryStore:
         if trajectory is not None:
             return trajectory
         with self._lock:
+            self._commits.commit()
             row = self._db.execute("SELECT * FROM trajectories WHERE trajectory_uid = ?",
                                    (trajectory_uid,)).fetchone()
             if row is None:
@@ -278,12 +272,13 @@ class TrajectoryStore:
     def create(self, trajectory: Trajectory) -> None:
         now = time.time()
         with self._lock:
+            self._commits.commit()
             self._db.execute(
                 "INSERT INTO trajectories VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,NULL,NULL)",
                 (trajectory.trajectory_uid, trajectory.prompt_uid, trajectory.channel, trajectory.n_rollouts,
                  json.dumps(trajectory.metadata), trajectory.policy_version, trajectory.backend,
                  trajectory.next_step, trajectory.published_steps, trajectory.status, None, now, now))
-        self._snapshots.put(dataclasses.replace(trajectory))
+            self._snapshots.put(dataclasses.replace(trajectory))
 
     def context_step(self, trajectory_uid: str) -> int | None:
         """The step the trajectory's token state ends with (None: no call published yet)."""
@@ -295,69 +290,72 @@ class TrajectoryStore:
         stored = {**values, **({"metadata": json.dumps(values["metadata"])} if "metadata" in values else {})}
         columns = ", ".join(f"{name} = ?" for name in stored)
         with self._lock:
+            self._commits.commit()
             self._db.execute(f"UPDATE trajectories SET {columns}, updated_at = ? WHERE trajectory_uid = ?",
                              (*stored.values(), time.time(), trajectory_uid))
-        self._snapshots.change(trajectory_uid, **values)
+            self._snapshots.change(trajectory_uid, **values)
 
     def take_steps(self, trajectory_uid: str, count: int) -> int:
-        """Take the next ``count`` step indices of an open trajectory for good; returns the first."""
-        with self._lock:
-            row = self._db.execute(
-                "UPDATE trajectories SET next_step = next_step + ?, updated_at = ? "
-                "WHERE trajectory_uid = ? AND status = ? RETURNING next_step",
-                (count, time.time(), trajectory_uid, OPEN)).fetchone()
-        if row is None:
-            raise LookupError(f"trajectory {trajectory_uid} is not open")
-        self._snapshots.change(trajectory_uid, next_step=row[0])
-        return row[0] - count
+        """Take the next ``count`` step indices of an open trajectory for good (queued: ``write`` awaits the
+        commit before the steps are sent); returns the first."""
+        with self._lock:  # a status change holds it too: an index is never taken past the trajectory's end
+            trajectory = self.get(trajectory_uid)
+            if trajectory is None or trajectory.status != OPEN:
+                raise LookupError(f"trajectory {trajectory_uid} is not open")
+            first = trajectory.next_step
+            self._commits.queue(trajectory_uid, (
+                "UPDATE trajectories SET next_step = ?, updated_at = ? WHERE trajectory_uid = ?",
+                (first + count, time.time(), trajectory_uid)))
+            self._snapshots.change(trajectory_uid, next_step=first + count)
+        return first
 
     def record_published(self, trajectory_uid: str, first: int, count: int, conversation: list[dict[str, Any]],
                          backend: str, context_ids: Sequence[int], context_step: int) -> None:
         """After the broker acknowledged a call's steps ``first``..``first + count - 1``: keep their
         indices, the backend, and as a turn what the conversation and its token state (packed) gained."""
-        before = self.get(trajectory_uid)
-        if before is None:
-            return
         context_ids = packed(context_ids)
-        acknowledged = None if before.acknowledged is None else before.acknowledged + list(range(first, first + count))
-        kept_messages = _kept(before.last_conversation, conversation)
-        kept_ids = _kept(before.context_ids, context_ids)
         with self._lock:
-            self._db.execute("BEGIN")
-            self._db.execute(
-                "UPDATE trajectories SET published_steps = published_steps + ?, acknowledged = ?, backend = ?, "
+            before = self.get(trajectory_uid)
+            if before is None:
+                return
+            acknowledged = None if before.acknowledged is None else \
+                before.acknowledged + list(range(first, first + count))
+            kept_messages = _kept(before.last_conversation, conversation)
+            kept_ids = _kept(before.context_ids, context_ids)
+            self._commits.queue(trajectory_uid, (
+                "UPDATE trajectories SET published_steps = ?, acknowledged = ?, backend = ?, "
                 "context_step = ?, updated_at = ? WHERE trajectory_uid = ?",
-                (count, None if acknowledged is None else _pack(acknowledged), backend, context_step, time.time(),
-                 trajectory_uid))
-            self._db.execute("INSERT OR REPLACE INTO turns VALUES (?,?,?,?,?,?)",
-                             (trajectory_uid, first, kept_messages, json.dumps(conversation[kept_messages:]),
-                              kept_ids, _pack(context_ids[kept_ids:])))
-            self._db.execute("COMMIT")
-        self._snapshots.change(trajectory_uid, published_steps=before.published_steps + count,
-                               acknowledged=acknowledged, backend=backend, context_step=context_step,
-                               last_conversation=conversation, context_ids=context_ids)
+                (before.published_steps + count, None if acknowledged is None else _pack(acknowledged), backend,
+                 context_step, time.time(), trajectory_uid)), (
+                "INSERT OR REPLACE INTO turns VALUES (?,?,?,?,?,?)",
+                (trajectory_uid, first, kept_messages, json.dumps(conversation[kept_messages:]), kept_ids,
+                 _pack(context_ids[kept_ids:]))))
+            self._snapshots.change(trajectory_uid, published_steps=before.published_steps + count,
+                                   acknowledged=acknowledged, backend=backend, context_step=context_step,
+                                   last_conversation=conversation, context_ids=context_ids)
 
     def transition(self, trajectory_uid: str, from_status: str, to_status: str) -> bool:
         """Atomic status change; False if the trajectory was not in ``from_status``. A completed
         trajectory keeps only what a late duplicate completion needs: no conversation, no token state."""
         finished = ", last_conversation = NULL, context_ids = NULL" if to_status == COMPLETED else ""
         with self._lock:
+            self._commits.commit()
             cursor = self._db.execute(
                 f"UPDATE trajectories SET status = ?, updated_at = ?{finished} WHERE trajectory_uid = ? AND status = ?",
                 (to_status, time.time(), trajectory_uid, from_status))
             changed = cursor.rowcount == 1
             if changed and to_status == COMPLETED:
                 self._db.execute("DELETE FROM turns WHERE trajectory_uid = ?", (trajectory_uid,))
-        if changed and to_status == COMPLETED:
-            self._snapshots.drop([trajectory_uid])
-        elif changed:
-            self._snapshots.change(trajectory_uid, status=to_status)
+                self._snapshots.drop([trajectory_uid])
+            elif changed:
+                self._snapshots.change(trajectory_uid, status=to_status)
         return changed
 
     def sweep(self, idle_before: float, finished_before: float) -> tuple[list[str], int]:
         """Abandon open (and completing) trajectories last used before ``idle_before``, remove finished
         ones last changed before ``finished_before``; returns (uids abandoned, rows removed)."""
         with self._lock:
+            self._commits.commit()
             abandoned = [row[0] for row in self._db.execute(
                 "UPDATE trajectories SET status = ?, last_conversation = NULL, context_ids = NULL, updated_at = ? "
                 "WHERE status IN (?, ?) AND updated_at < ? RETURNING trajectory_uid",
@@ -366,12 +364,13 @@ class TrajectoryStore:
             removed = [row[0] for row in self._db.execute(
                 "DELETE FROM trajectories WHERE status IN (?, ?) AND updated_at < ? RETURNING trajectory_uid",
                 (COMPLETED, ABANDONED, finished_before)).fetchall()]
-        self._snapshots.drop(abandoned + removed)
+            self._snapshots.drop(abandoned + removed)
         return abandoned, len(removed)
 
     def bytes_in_use(self) -> int:
         """Bytes of the state's pages that hold data (free pages, left by removed rows, not counted)."""
         with self._lock:
+            self._commits.commit()
             pages = self._db.execute("PRAGMA page_count").fetchone()[0]
             free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
             size = self._db.execute("PRAGMA page_size").fetchone()[0]
@@ -380,11 +379,13 @@ class TrajectoryStore:
     def unfinished(self) -> list[tuple[str, str, str, float]]:
         """(trajectory_uid, channel, prompt_uid, updated_at) of every trajectory still open or completing."""
         with self._lock:
+            self._commits.commit()
             return self._db.execute("SELECT trajectory_uid, channel, prompt_uid, updated_at FROM trajectories "
                                     "WHERE status IN (?, ?)", (OPEN, COMPLETING)).fetchall()
 
     def counts(self) -> dict[str, int]:
         with self._lock:
+            self._commits.commit()
             rows = self._db.execute("SELECT status, COUNT(*) FROM trajectories GROUP BY status").fetchall()
         return {status: count for status, count in rows}
 
@@ -392,4 +393,7 @@ class TrajectoryStore:
         self._writer.shutdown(wait=True)
         self._checkpointer.close()
         with self._lock:
+            self._commits.commit()
             self._db.close()
+        log.info("trajectory state closed path=%s changes=%d commits=%d", self.path, self._commits.changes,
+                 self._commits.commits)

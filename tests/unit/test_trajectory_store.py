@@ -174,6 +174,8 @@ def test_a_call_writes_only_what_it_adds_and_a_reopened_store_replays_the_turns(
     edited = [{"role": "user", "content": "q1, edited"}, {"role": "assistant", "content": "b1"}]
     first.record_published("t1", 0, 1, q1, "http://a:1", list(range(1000)), 0)
     first.record_published("t1", 1, 1, q2, "http://a:1", list(range(1500)), 1)  # extends: 500 new ids
+    with first._lock:
+        first._commits.commit()  # the queued group commit, as any other use of the connection would
     turns = first._db.execute("SELECT kept_messages, messages, kept_ids, length(ids) FROM turns "
                               "ORDER BY first_step").fetchall()
     assert turns[1][0] == 2 and turns[1][2] == 1000 and turns[1][3] == 500 * 4  # the new part only

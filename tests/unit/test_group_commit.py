@@ -1,0 +1,119 @@
+"""Group commits of the trajectory state: many calls' changes in one transaction, each durable before its
+caller goes on, a failed batch raised to every waiter, and a busy connection committed from the writer thread."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from trajbus.gateway.state.commits import GroupCommit
+from trajbus.gateway.state.trajectories import Trajectory, TrajectoryStore
+
+
+def on_disk(path) -> dict[str, tuple[int, int]]:
+    """(next_step, published_steps) of every trajectory, as another process reads them."""
+    with sqlite3.connect(path) as db:
+        return {uid: (n, p) for uid, n, p in db.execute(
+            "SELECT trajectory_uid, next_step, published_steps FROM trajectories")}
+
+
+def test_calls_in_flight_share_commits_and_each_is_durable_when_its_write_returns(tmp_path):
+    store = TrajectoryStore(tmp_path)
+    uids = [f"t{i}" for i in range(64)]
+    for uid in uids:
+        store.create(Trajectory(uid, "p", "train"))
+    seen: dict[str, tuple[int, int]] = {}
+
+    async def call(uid: str) -> None:
+        first = await store.write(store.take_steps, uid, 1)
+        assert on_disk(store.path)[uid][0] == first + 1  # the index is taken for good before it is sent
+        await store.write(store.record_published, uid, first, 1, [{"role": "user", "content": uid}],
+                          "http://a:1", [1, 2, 3], first)
+        seen[uid] = on_disk(store.path)[uid]
+
+    async def calls() -> None:
+        for _ in range(2):
+            await asyncio.gather(*(call(uid) for uid in uids))
+
+    try:
+        asyncio.run(calls())
+        assert seen == {uid: (2, 2) for uid in uids}
+        assert store._commits.changes == 4 * len(uids)
+        assert store._commits.commits <= 8  # one per wave of the 64 calls' changes, not one per change
+    finally:
+        store.close()
+
+
+def test_a_failed_batch_is_raised_to_every_waiter_and_nothing_of_it_is_kept(tmp_path):
+    db = sqlite3.connect(tmp_path / "s.db", check_same_thread=False, isolation_level=None)
+    db.execute("CREATE TABLE t (k TEXT PRIMARY KEY)")
+    lock, forgotten = threading.RLock(), []
+    with ThreadPoolExecutor(1) as writer:
+        commits = GroupCommit(db, lock, writer, on_failure=forgotten.append)
+
+        async def two_changes() -> list:
+            with lock:
+                commits.queue("a", ("INSERT INTO t VALUES (?)", ("x",)))
+                commits.queue("b", ("INSERT INTO t VALUES (?)", ("x",)))  # the same key: the batch fails
+                batch = commits.open_batch()
+            return await asyncio.gather(commits.wait(batch), commits.wait(batch), return_exceptions=True)
+
+        errors = asyncio.run(two_changes())
+    assert [type(e) for e in errors] == [sqlite3.IntegrityError] * 2
+    assert forgotten == [{"a", "b"}] and not db.in_transaction
+    assert db.execute("SELECT COUNT(*) FROM t").fetchone()[0] == 0  # not half of it either
+    db.close()
+
+
+def test_a_batch_queued_while_another_thread_holds_the_connection_commits_on_the_writer_thread(tmp_path):
+    db = sqlite3.connect(tmp_path / "s.db", check_same_thread=False, isolation_level=None)
+    db.execute("CREATE TABLE t (k TEXT PRIMARY KEY)")
+    db.create_function("thread", 0, lambda: threading.current_thread().name)
+    lock, held, release = threading.RLock(), threading.Event(), threading.Event()
+    committed_on: list[str] = []
+
+    def hold() -> None:  # a sweep holding the connection
+        with lock:
+            held.set()
+            release.wait(10)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="writer") as writer:
+        commits = GroupCommit(db, lock, writer, on_failure=lambda uids: None)
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert held.wait(10)
+
+        async def change() -> None:
+            commits.queue("a", ("INSERT INTO t VALUES (thread())", ()))
+            batch = commits.open_batch()
+            waiting = asyncio.ensure_future(commits.wait(batch))
+            for _ in range(3):  # the waiter schedules the commit; the loop's next turn finds the connection held
+                await asyncio.sleep(0)
+            assert not waiting.done()
+            release.set()
+            await asyncio.wait_for(waiting, 10)
+            committed_on.append(db.execute("SELECT k FROM t").fetchone()[0])
+
+        asyncio.run(change())
+        holder.join()
+    assert committed_on[0].startswith("writer")
+    db.close()
+
+
+def test_a_change_queued_and_not_yet_committed_is_committed_before_the_table_is_read(tmp_path):
+    store = TrajectoryStore(tmp_path, cached=1)
+    try:
+        store.create(Trajectory("t1", "p", "train"))
+        store.take_steps("t1", 2)  # queued
+        store.create(Trajectory("t2", "p", "train"))  # commits it first, and pushes t1 out of memory
+        assert on_disk(store.path)["t1"] == (2, 0)
+        store.take_steps("t2", 1)
+        assert store.get("t1").next_step == 2 and on_disk(store.path)["t2"] == (1, 0)  # read t1: t2's committed
+        with pytest.raises(LookupError):
+            store.take_steps("nope", 1)
+    finally:
+        store.close()
