@@ -21,9 +21,10 @@ the same run. Then the 32 and 256 agent levels through two instances (`trajbus g
 and the price of cut-and-continue: 1 agent and 32 agents through the gateway and through one that
 reads a non-streaming agent's answer as one JSON answer (``--engine-streaming when-asked``), three
 phases each, alternating, medians compared, before the levels (so both gateways have served the same
-calls). Each level is followed at once by the same level through the libraries' floor
+calls). Each level runs through the gateway and the same level through the libraries' floor
 (``benchmarks.library_floor``: the same calls through the same libraries with no trajbus code), the least a
-call can cost on this machine. Last, the targets
+call can cost on this machine, three phases each, alternating, and each reports its median phase. Last, the
+targets
 (issues 25, 31 and 47) with the figures of this run and whether each is met.
 
 Uses TRAJBUS_BOOTSTRAP_SERVERS when set, else a throw-away embedded broker.
@@ -67,6 +68,9 @@ agent: each call's engine events are read one by one, none batched with another 
 phase, as the kernel counts CPU in 10 ms ticks)."""
 STREAM_COST_PHASES = 3
 """Phases of each gateway, alternating, in the cut-and-continue / when-asked comparison (median of each)."""
+LEVEL_PHASES = 3
+"""Phases of the gateway and of the libraries' floor at each level, alternating; each reports its median phase
+(by its CPU per call): one phase's ratio to the floor moved by 0.3x between runs of the same code."""
 JSON_HEADERS = {"Content-Type": "application/json"}
 PRODUCE_SAMPLES = 100
 Call = Callable[[aiohttp.ClientSession, int, int], Awaitable[bytes]]
@@ -152,6 +156,13 @@ async def level(client: aiohttp.ClientSession, engine: str, gateways: list[str],
     return row, per_turn
 
 
+def _median_level(phases: list[tuple[dict, list[dict]]]) -> tuple[dict, list[dict]]:
+    """Of one level's phases through one path, the one whose gateway CPU per call is the median, with every
+    phase's figure beside it (``phases_ms``)."""
+    row, turn_rows = sorted(phases, key=lambda phase: gateway_cpu(phase[0]))[len(phases) // 2]
+    return {**row, "phases_ms": [gateway_cpu(phase[0]) for phase in phases]}, turn_rows
+
+
 def _median_phase(phases: list[dict], process: str) -> dict:
     """Of one turn's phases (one per sweep), the one whose ``process`` CPU per call is the median."""
     return sorted(phases, key=lambda phase: phase["cpu_ms_per_call"][process])[len(phases) // 2]
@@ -187,8 +198,9 @@ async def measure(engine: str, gateways: dict[str, list[str]], turns: list[list[
                   meters: dict[str, CpuMeter]) -> dict:
     """Every level through the gateway; then one agent through a gateway that re-renders every call
     (``--multi-turn render``), to show what cumulative prompts save per turn; then the fleet levels
-    through two instances (``--instances 2``), trajectories opened at each in turn. Each level is followed at
-    once by the same level through the libraries' floor (``benchmarks.library_floor``). Before the levels, the
+    through two instances (``--instances 2``), trajectories opened at each in turn. Each level alternates with the
+    same level through the libraries' floor (``benchmarks.library_floor``), ``LEVEL_PHASES`` of each, and reports
+    the median phase of each. Before the levels, the
     price of cut-and-continue against ``--engine-streaming when-asked`` (``compare_streaming``)."""
     connector = aiohttp.TCPConnector(limit=600, keepalive_timeout=KEEPALIVE_SECONDS)
     (gateway,), (rendering,), (when_asked,) = gateways["single"], gateways["render"], gateways["when-asked"]
@@ -200,13 +212,18 @@ async def measure(engine: str, gateways: dict[str, list[str]], turns: list[list[
         _, rendered = await level(client, engine, [rendering], 1, 10, turns, prompts, meters["render"])
         turn_cpu = await turn_costs(client, engine, gateway, turns, prompts, meter)
         rows, per_turn, floor_rows = [], [], []
-        for agents in LEVELS:  # each level and the floor's at once: the machine's pace drifts over minutes
+        for agents in LEVELS:  # each level and the floor's alternating: the machine's pace drifts over minutes
             rounds = 10 if agents == 1 else 1
-            row, turn_rows = await level(client, engine, [gateway], agents, rounds, turns, prompts, meter)
+            phases: dict[str, list[tuple[dict, list[dict]]]] = {"gateway": [], "floor": []}
+            for _ in range(LEVEL_PHASES):
+                phases["gateway"].append(await level(client, engine, [gateway], agents, rounds, turns, prompts,
+                                                     meter))
+                phases["floor"].append(await level(client, engine, gateways["floor"], agents, rounds, turns,
+                                                   prompts, meters["floor"]))
+            (row, turn_rows), (floor_row, _) = (_median_level(phases[path]) for path in ("gateway", "floor"))
             rows.append(row)
             per_turn = per_turn or turn_rows  # per turn: the single agent, undisturbed
-            floor_rows.append((await level(client, engine, gateways["floor"], agents, rounds, turns, prompts,
-                                           meters["floor"]))[0])
+            floor_rows.append(floor_row)
         fleet_rows = [(await level(client, engine, gateways["fleet"], agents, 1, turns, prompts, meters["fleet"]))[0]
                       for agents in FLEET_LEVELS]
     for entry, other, cpu in zip(per_turn, rendered, turn_cpu):

@@ -14,6 +14,11 @@ def gateway_cpu(row: dict) -> float:
     return row["cpu"]["gateway"]["cpu_ms_per_call"]["gateway"]
 
 
+def _phases(row: dict) -> str:
+    """Every phase's CPU per call at a level, in the order run (the row is the median one)."""
+    return " ".join(f"{ms:.2f}" for ms in row.get("phases_ms", [])) + " ms"
+
+
 def stream_price(cost: dict) -> tuple:
     """Issue 31's bound on cut-and-continue's price at one level of ``compare_streaming``."""
     streamed, unstreamed = cost["median_ms"]["always"], cost["median_ms"]["when-asked"]
@@ -107,12 +112,15 @@ def print_tables(result: dict) -> None:
                 title=f"{FLEET_INSTANCES} gateway instances (trajbus gateway --instances {FLEET_INSTANCES}), "
                       "trajectories opened at each in turn")
     print()
-    print_table(["agents", "gateway CPU/call", "floor CPU/call", "gateway / floor", "gateway req/s", "floor req/s"],
+    print_table(["agents", "gateway CPU/call", "floor CPU/call", "gateway / floor", "gateway req/s", "floor req/s",
+                 "gateway phases", "floor phases"],
                 [[r["agents"], f"{gateway_cpu(r):.2f} ms", f"{gateway_cpu(f):.2f} ms",
-                  f"{gateway_cpu(r) / gateway_cpu(f):.2f}x", f"{r['gateway_rps']:.1f}", f"{f['gateway_rps']:.1f}"]
+                  f"{gateway_cpu(r) / gateway_cpu(f):.2f}x", f"{r['gateway_rps']:.1f}", f"{f['gateway_rps']:.1f}",
+                  _phases(r), _phases(f)]
                  for r, f in zip(result["levels"], result["library_floor"])],
                 title="The libraries' floor (benchmarks.library_floor: the same calls through uvicorn, the new "
-                      "message tokenized, an aiohttp engine stream and one acknowledged produce, no trajbus code)")
+                      "message tokenized, an aiohttp engine stream and one acknowledged produce, no trajbus code); "
+                      "each level's median phase of its alternating ones")
     print()
     cpu_columns = [f"{name} CPU/call" for name in PROCESSES] + ["sum CPU/call", "cores (these)", "cores (machine)"]
     print_table(["agents", "path", "calls", "req/s", *cpu_columns],
