@@ -35,13 +35,16 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         yield
         await service.close()
 
-    app = FastAPI(title="trajbus gateway", lifespan=lifespan, default_response_class=OrjsonResponse)
+    # FastAPI's own OpenTelemetry (a server span per request once a tracer is set, looked up at every request) is
+    # off: a call's spans are the gateway's (``--tracing``, ``gateway.chat.call_spans``), in the agent's trace.
+    app = FastAPI(title="trajbus gateway", lifespan=lifespan, default_response_class=OrjsonResponse,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.service = service
     install_error_handlers(app)
     describe(app, settings, lambda: len(service.tokenizer.tokenizer) if service.tokenizer.ready else None)
     admin = api_key_guard(settings.api_key)
-    for router in (operations_router(service, admin), whitebox_router(service, admin),
-                   blackbox_router(service, admin), messages_router(service), pause_router(service, admin)):
+    for router in (blackbox_router(service, admin), messages_router(service), operations_router(service, admin),
+                   whitebox_router(service, admin), pause_router(service, admin)):
         app.include_router(router)
     # Outermost last: every request is observed, a shed or drained one too; the body cap applies before any parse.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

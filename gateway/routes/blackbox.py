@@ -31,6 +31,15 @@ def blackbox_router(service: GatewayService, admin: list) -> APIRouter:
     settings, lifecycle, pacing = service.settings, service.lifecycle, service.pacing
     chat = service.chat
 
+    async def chat_completions(trajectory_uid: str, prompt_uid: str, body: ChatCompletionRequest, request: Request,
+                               wait: float = Query(0.0, ge=0, le=settings.max_admission_wait, description=PAUSED)):
+        trajectory = lifecycle.get(trajectory_uid, prompt_uid)
+        pacing.touch(trajectory_uid)
+        return await chat.create(trajectory, body, wait, request.headers.get(TRACEPARENT))
+
+    router.add_api_route(BASE + "/chat/completions", chat_completions, methods=["POST"],
+                         route_class_override=LeanJsonRoute)  # the hot route: served lean, matched first
+
     @router.post("/init_trajectory", dependencies=admin)
     async def init_trajectory(body: InitTrajectoryRequest | None = None,
                               wait: float = Query(0.0, ge=0, le=settings.max_admission_wait, description=WAIT)
@@ -58,15 +67,6 @@ def blackbox_router(service: GatewayService, admin: list) -> APIRouter:
         return {"trajectory_uid": trajectory.trajectory_uid, "prompt_uid": trajectory.prompt_uid,
                 "channel": trajectory.channel, "n_rollouts": trajectory.n_rollouts,
                 "policy_version": trajectory.policy_version, "next_step": trajectory.next_step}
-
-    async def chat_completions(trajectory_uid: str, prompt_uid: str, body: ChatCompletionRequest, request: Request,
-                               wait: float = Query(0.0, ge=0, le=settings.max_admission_wait, description=PAUSED)):
-        trajectory = lifecycle.get(trajectory_uid, prompt_uid)
-        pacing.touch(trajectory_uid)
-        return await chat.create(trajectory, body, wait, request.headers.get(TRACEPARENT))
-
-    router.add_api_route(BASE + "/chat/completions", chat_completions, methods=["POST"],
-                         route_class_override=LeanJsonRoute)  # the hot route: served lean
 
     @router.get(BASE + "/models")
     async def models(trajectory_uid: str, prompt_uid: str) -> dict[str, Any]:
