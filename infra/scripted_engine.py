@@ -25,6 +25,10 @@ answered as before (``0`` ends it). ``{"text": ..., "gate": path}`` holds the
 call until that file exists, so a test can hold thousands of calls in flight
 at once and then let them all go (with ``--workers`` as many as it holds).
 
+A benchmark that must tell the engine's time from what is added on the way to it asks each call with its
+own ``seed``: ``GET /timings`` answers, per seed, the seconds from the call's body read to its last byte
+sent (the latest ``TIMINGS_KEPT``).
+
 Weight updates are scripted too, deterministically: ``/update_weights_from_disk``
 counts a load (``GET /get_model_info`` says how many), and every token's
 log-probability names the load that sampled it (``log_prob(position, load)``),
@@ -48,6 +52,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from starlette.responses import JSONResponse
 
 from trajbus.infra.engine_requests import EngineSample, SamplingParams
 from trajbus.infra.inference_server import create_app
@@ -228,20 +234,50 @@ class ScriptedEngine:
         return EngineSample(list(ids), values, text, finish)
 
 
+TIMINGS_KEPT = 200_000
+"""Calls whose engine seconds ``GET /timings`` answers (the latest): a benchmark phase's calls, and more."""
+
+
+class Timings:
+    """Per seed, the seconds from a call's body read to its last byte sent: the engine's own share of the call."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, float] = {}
+
+    def timed(self, seed: int, send: Callable) -> Callable:
+        """``send`` that records, at the last byte, how long since now."""
+        started = time.monotonic()
+
+        async def timing(message: dict) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                if len(self._seconds) >= TIMINGS_KEPT:
+                    self._seconds.pop(next(iter(self._seconds)))
+                self._seconds[seed] = time.monotonic() - started
+
+        return timing
+
+    def served(self) -> dict[str, float]:
+        return {str(seed): seconds for seed, seconds in self._seconds.items()}
+
+
 class Misbehaving:
     """ASGI middleware: a streaming ``/v1/completions`` request whose reply is scripted to misbehave is
     answered as a broken engine or proxy would (see the module docstring), ``GET /health`` waits the
-    engine's ``health_delay``; every other request passes."""
+    engine's ``health_delay``, a seeded call is timed (``GET /timings``); every other request passes."""
 
     ENGINE_ONLY = ("logprobs", "return_token_ids", "return_tokens_as_token_ids")
     """Fields a ``bare`` answer is asked without, so it carries neither ids nor log-probs."""
 
     def __init__(self, app: Any, engine: ScriptedEngine) -> None:
         self.app, self.engine = app, engine
+        self.timings = Timings()
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http" and scope["path"] == "/health" and self.engine.health_delay > 0:
             return await self._slow_health(scope, receive, send)
+        if scope["type"] == "http" and scope["path"] == "/timings":
+            return await JSONResponse(self.timings.served())(scope, receive, send)
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/v1/completions":
             return await self.app(scope, receive, send)
         raw = b""
@@ -258,6 +294,8 @@ class Misbehaving:
             raw = json.dumps(body).encode()
         elif body.get("stream") and reply.break_after is not None:
             send = self._breaking(send, reply.break_after)
+        if isinstance(body.get("seed"), int):
+            send = self.timings.timed(body["seed"], send)
         await self.app(scope, self._replaying({"type": "http.request", "body": raw, "more_body": False}, receive),
                        send)
 
