@@ -230,17 +230,18 @@ class TrajectoryStore:
         in place when the connection is free, else on the writer thread, which waits for it."""
         if self._lock.acquire(blocking=False):
             try:
-                result, batch = change(*args, **kwargs), self._commits.open_batch()
+                result, batch = self._locked(change, *args, **kwargs)
             finally:
                 self._lock.release()
         else:
             result, batch = await asyncio.get_running_loop().run_in_executor(
                 self._writer, partial(self._locked, change, *args, **kwargs))
-        if batch is not None:  # queued for a group commit (under the same hold of the lock: this batch)
+        if batch is not None:  # queued for a group commit
             await self._commits.wait(batch)
         return result
 
     def _locked(self, change: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, Any]:
+        """The change and the batch it queued in, under one hold of the lock (re-entered when held already)."""
         with self._lock:
             return change(*args, **kwargs), self._commits.open_batch()
 
