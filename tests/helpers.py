@@ -240,6 +240,19 @@ class Flow:
         assert len(self.received) == len(set(self.received)), "a group arrived twice"
 
 
+def trainer_state(servers: str, trainer: BatchConsumer) -> str:
+    """What a trainer that received nothing stands on: its assignment, and its group as the coordinator sees it."""
+    assignment = [(tp.partition, tp.offset) for tp in trainer._consumer.assignment()]
+    admin = AdminClient({"bootstrap.servers": servers, "log_level": 0})  # held until the answer came
+    try:
+        group = admin.describe_consumer_groups([trainer.group_id])[trainer.group_id].result(timeout=10)
+        seen = (f"group {group.state}, coordinator {group.coordinator.id}, members "
+                f"{[[tp.partition for tp in m.assignment.topic_partitions] for m in group.members]}")
+    except Exception as exc:  # the evidence is best effort: the cluster may not answer either
+        seen = f"group not described: {exc!r}"
+    return f"assigned {assignment}, positions {trainer._positions}, received {trainer.fetched_bytes} bytes; {seen}"
+
+
 @contextlib.contextmanager
 def flowing(servers: str, prefix: str, worker: ServiceProcess | None, name: str = "load",
             call_timeout: float = 60) -> Iterator[Flow]:
@@ -256,7 +269,8 @@ def flowing(servers: str, prefix: str, worker: ServiceProcess | None, name: str 
         except AssertionError as exc:  # a wait that timed out: what the worker said is the evidence
             if worker is None:
                 raise
-            raise AssertionError(f"{exc}\n--- the worker's log, last lines:\n{worker.log_tail(60)}") from None
+            raise AssertionError(f"{exc}\n--- the trainer: {trainer_state(servers, trainer)}\n"
+                                 f"--- the worker's log, last lines:\n{worker.log_tail(60)}") from None
         finally:
             flow.stop.set()
             if flow.load.is_alive():
