@@ -38,7 +38,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from trajbus.infra.declared import add_flags, resolve, setting
-from trajbus.infra.engine_requests import Aborted, EngineSample, RequestError, SamplingParams, sampling_params
+from trajbus.infra.engine_requests import (Aborted, EngineSample, RequestError, SamplingParams, TokenBatches,
+                                           sampling_params)
 
 log = logging.getLogger("trajbus.inference_server")
 ENV_PREFIX = "TRAJBUS_INFERENCE_"
@@ -245,14 +246,17 @@ class ServedModel:
                                  rid: str, created: int) -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-
-        def on_token(index: int, token: int, logprob: float, text: str) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (index, token, logprob, text))
-
+        batches = TokenBatches(params.stream_interval, lambda batch: loop.call_soon_threadsafe(queue.put_nowait, batch))
         aborted = threading.Event()
-        task = asyncio.ensure_future(self.run_samples(prompt_ids, params, n, on_token, aborted))
-        task.add_done_callback(lambda t: (t.cancelled() or t.exception(),  # retrieved, also when aborted
-                                          loop.call_soon_threadsafe(queue.put_nowait, None)))
+        task = asyncio.ensure_future(self.run_samples(prompt_ids, params, n, batches.add, aborted))
+
+        def ended(finished: asyncio.Future) -> None:
+            finished.cancelled() or finished.exception()  # retrieved, also when aborted
+            for batch in batches.rest():  # the generation's thread is done: what it held back, then the end
+                queue.put_nowait(batch)
+            queue.put_nowait(None)
+
+        task.add_done_callback(ended)
         try:
             async for event in self._events(body, rid, created, params, n, queue, task):
                 yield event
@@ -270,8 +274,8 @@ class ServedModel:
             item = await queue.get()
             if item is None:
                 break
-            index, token, logprob, text = item
-            pending[index].append((token, logprob))
+            index, tokens, text = item
+            pending[index] += tokens
             if events[index] and len(pending[index]) < params.stream_interval:
                 continue  # vLLM's stream interval: the first event at once, then one per interval tokens
             visible = text[:len(text) - hold] if hold else text

@@ -16,6 +16,7 @@ import pytest
 
 from trajbus.gateway.engine.pool import request_body
 from trajbus.infra import tiny_model
+from trajbus.infra.engine_requests import TokenBatches
 from trajbus.infra.inference_server import create_app
 from trajbus.infra.scripted_engine import ScriptedEngine
 
@@ -79,3 +80,15 @@ def test_the_gateway_asks_for_an_interval_only_of_a_stream():
     assert request_body([1, 2], sampling, None, True, 16)["stream_interval"] == 16
     assert "stream_interval" not in request_body([1, 2], sampling, None, True, 1)
     assert "stream_interval" not in request_body([1, 2], sampling, None, False, 16)
+
+
+def test_the_engine_wakes_its_server_once_an_interval_not_once_a_token():
+    handed: list[tuple[int, list[tuple[int, float]], str]] = []
+    batches = TokenBatches(4, handed.append)
+    for k in range(10):
+        batches.add(0, 100 + k, -0.5 * k, "x" * (k + 1))
+    batches.add(1, 7, -1.0, "y")
+    assert [(index, len(tokens), text) for index, tokens, text in handed] == \
+        [(0, 1, "x"), (0, 4, "x" * 5), (0, 4, "x" * 9), (1, 1, "y")]
+    assert batches.rest() == [(0, [(109, -4.5)], "x" * 10)] and batches.rest() == []
+    assert [token for index, tokens, _ in handed if index == 0 for token, _ in tokens] == list(range(100, 109))
