@@ -51,8 +51,9 @@ class TokenBatches:
             self.hand((index, held, text))
 
     def rest(self) -> list[tuple[int, list[tuple[int, float]], str]]:
-        """What is still held, once the generation's thread is done."""
-        rest = [(index, held, self._text[index]) for index, held in self._held.items() if held]
+        """What is still held, once the generation's thread is done (its items taken at once all the same: a
+        cancelled call's thread may still be adding)."""
+        rest = [(index, held, self._text[index]) for index, held in list(self._held.items()) if held]
         self._held.clear()
         return rest
 
