@@ -22,6 +22,7 @@ from typing import Any, Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from trajbus.consumers import metrics
+from trajbus.consumers.assignment import AssignmentCheck, watch_assignment
 from trajbus.consumers.backends import TrainingBackend
 from trajbus.consumers.channels import CHANNEL_GRACE, ChannelCheck
 from trajbus.consumers.commits import GroupCommits
@@ -126,8 +127,12 @@ class BatchConsumer:
         self.rank = rank or 0
         self.on_handed_out: Callable[[int, int, str], None] = lambda partition, offset, prompt_uid: None
         """Called with each group handed to the trainer (the trained log's ``StepRecorder`` listens)."""
+        self._assignment: AssignmentCheck | None = None
+        """Subscribed: a group holding none of the topic's partitions is made to share them out."""
         if world_size is None:
-            self._consumer.subscribe([self.topic], on_assign=self._on_assign)
+            self._assignment = watch_assignment(self._consumer, self.topic, self.group_id, self.bootstrap_servers,
+                                                self._subscribe)
+            self._subscribe()
         else:
             try:
                 self._contact()
@@ -172,6 +177,8 @@ class BatchConsumer:
             if message is None:
                 self._watch.check(deadline)
                 self._channel.check()
+                if self._assignment is not None:
+                    self._assignment.check()
                 continue
             self._watch.heard()
             if message.error():
@@ -273,6 +280,9 @@ class BatchConsumer:
         for tp in assigned:
             if tp.partition in self._positions:  # partitions assigned later start there too (_on_assign)
                 self._consumer.seek(TopicPartition(self.topic, tp.partition, self._positions[tp.partition]))
+
+    def _subscribe(self) -> None:
+        self._consumer.subscribe([self.topic], on_assign=self._on_assign)
 
     def _assign_own(self) -> None:
         """A rank's partitions (``_start_offsets``)."""
