@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable
 
 from confluent_kafka import ConsumerGroupState
+from confluent_kafka.admin import ConsumerGroupDescription
 
 from trajbus.infra.clients import admin
 
@@ -41,7 +42,6 @@ class AssignmentCheck:
         self.holds, self.partitions, self.group_holds, self.rejoin = holds, partitions, group_holds, rejoin
         self.timeout, self.clock = timeout, clock
         self._since = clock()
-        self.rejoins = 0
 
     def check(self) -> bool:
         """Asked while fetches wait; True when it made the consumer rejoin."""
@@ -59,7 +59,6 @@ class AssignmentCheck:
         except Exception as exc:  # the cluster did not answer (it may be restarting): ask again next time
             log.debug("could not ask whether the group holds its partitions: %s", exc)
             return False
-        self.rejoins += 1
         log.warning("the trainers' group holds none of the %d partitions of its channel's groups topic: "
                     "subscribing again so the group shares them out", count)
         self.rejoin()
@@ -77,10 +76,15 @@ def watch_assignment(consumer: Any, topic: str, group_id: str, servers: str,
     def group_holds() -> bool:
         """Whether a member holds one of the partitions, or the group is sharing them out now (a rebalance
         under way, such as one waiting out a dead member's session, decides by itself)."""
-        client = admin(servers, {"logger": log})  # held until the answer came
-        group = client.describe_consumer_groups([group_id], request_timeout=ASK_TIMEOUT)[group_id].result(
-            timeout=ASK_TIMEOUT)
+        group = describe_group(servers, group_id)
         return group.state != ConsumerGroupState.STABLE or any(
             tp.topic == topic for member in group.members for tp in member.assignment.topic_partitions)
 
     return AssignmentCheck(lambda: bool(consumer.assignment()), partitions, group_holds, rejoin)
+
+
+def describe_group(servers: str, group_id: str) -> ConsumerGroupDescription:
+    """The consumer group as its coordinator describes it: state, coordinator, members and their partitions."""
+    client = admin(servers, {"logger": log})  # held until the answer came
+    return client.describe_consumer_groups([group_id], request_timeout=ASK_TIMEOUT)[group_id].result(
+        timeout=ASK_TIMEOUT)

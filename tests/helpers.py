@@ -17,6 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from trajbus.consumers import BatchConsumer
+from trajbus.consumers.assignment import describe_group
 from trajbus.infra.local import free_ports
 from trajbus.pipelines.processes import (ServiceProcess, gateway_process, scripted_engine_process, wait_http,
                                          worker_process)
@@ -243,9 +244,8 @@ class Flow:
 def trainer_state(servers: str, trainer: BatchConsumer) -> str:
     """What a trainer that received nothing stands on: its assignment, and its group as the coordinator sees it."""
     assignment = [(tp.partition, tp.offset) for tp in trainer._consumer.assignment()]
-    admin = AdminClient({"bootstrap.servers": servers, "log_level": 0})  # held until the answer came
     try:
-        group = admin.describe_consumer_groups([trainer.group_id])[trainer.group_id].result(timeout=10)
+        group = describe_group(servers, trainer.group_id)
         seen = (f"group {group.state}, coordinator {group.coordinator.id}, members "
                 f"{[[tp.partition for tp in m.assignment.topic_partitions] for m in group.members]}")
     except Exception as exc:  # the evidence is best effort: the cluster may not answer either
