@@ -7,8 +7,8 @@ last prompt is ~32k tokens; all agents call at once, so every agent's call is in
 
 - the gateway's CPU per call (``benchmarks.cpu_meter``, the kernel's accounting), and the cycle collector's part
   (its pauses, ``trajbus_gateway_gc_pause_seconds``); the longest pause of the collections paced while the calls
-  ran (``infra.collector``, bounded by a bucket of the histogram) and the full collections' mean (the one once
-  quiet, before the heap's release, and one every ``FULL_SECONDS`` of calls); beside it the engine's CPU per call,
+  ran (``infra.collector``, bounded by a bucket of the histogram) and the full collections' mean (at most one every
+  ``FULL_SECONDS``: once quiet, before the heap's release, when due; else among the calls); beside it the engine's CPU per call,
   the same work per call at every level: what the level's concurrency alone costs a call on this machine;
 - its RSS grown over the level (all trajectories still open, their contexts whole), per agent and per
   context token (the target counts every copy the process keeps of a context: <= 8 bytes a token), read once
@@ -71,8 +71,8 @@ tool take the rest), so 1,000 agents make 100 calls a second."""
 METRICS_EVERY = 0.5
 RELEASES = "trajbus_gateway_heap_releases_total"
 PACED_GENERATIONS, FULL = ("0", "1"), ("2",)
-"""The collections paced while calls are in flight (``infra.collector``), and the full ones (when quiet, or every
-``FULL_SECONDS`` while calls never stop)."""
+"""The collections while calls are in flight (a burst's: the pacer freezes, ``infra.collector``), and the full ones
+(at most every ``FULL_SECONDS``, quiet or not)."""
 
 
 async def gateway_metrics(client: aiohttp.ClientSession, gateway: str) -> Counter:

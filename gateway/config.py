@@ -138,9 +138,9 @@ class GatewaySettings:
              "base, up to --prompt-length + --response-length tokens")
     full_collection_every: float = setting(
         FULL_SECONDS, parse=positive_float,
-        help="at most this many seconds between two of Python's full collections while calls keep coming (one "
-             "also runs whenever no call is in flight); it walks every object of every call in flight and stops "
-             "them all meanwhile (611 ms at 4,096 calls), to free the rare cycles the calls leave")
+        help="at most this many seconds between two of Python's full collections, which free the rare cycles the "
+             "calls leave (run when no call is in flight once due, else on the event loop); it walks every object "
+             "of the process and, with calls in flight, stops them all meanwhile")
     drain_delay: float = setting(
         5.0, parse=seconds,
         help="on SIGTERM, seconds the gateway keeps listening while /ready answers 503 and new calls get 503 with "

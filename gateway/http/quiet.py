@@ -1,6 +1,6 @@
-"""The gateway's memory upkeep, paced by its calls in flight: the collector's young and middle generations
-collected every 0.1 s while calls run (``infra.collector.CollectionPacer``), and once the instance goes quiet (no
-engine call in flight) a full collection and the C allocator's free heap given back to the OS.
+"""The gateway's memory upkeep, paced by its calls in flight: what the calls allocated frozen every 0.1 s while
+calls run (``infra.collector.CollectionPacer``), and once the instance goes quiet (no engine call in flight) the C
+allocator's free heap given back to the OS, after a full collection when one is due.
 
 A burst of calls (thousands in flight at once at 32k-token contexts) leaves the gateway's heap holding what the
 calls freed: request bodies, messages, prompts, freed between the trajectories' state that outlives them. glibc
@@ -45,8 +45,8 @@ def _rss() -> int:
 
 class QuietUpkeep:
     """Told when the instance's calls in flight go from none to some (``busy``) and back (``quiet``); paces the
-    collector's young and middle collections while busy, and once quiet, on a worker thread, runs a full
-    collection and releases the free heap, at most every ``min_seconds`` (a quiet moment sooner than that
+    collector while busy, and once quiet, on a worker thread, runs a full collection when one is due
+    (``CollectionPacer.full_due``) and releases the free heap, at most every ``min_seconds`` (a quiet moment sooner than that
     releases when the interval ends, if still quiet then). Lives on the event loop."""
 
     def __init__(self, releases: Counter, release: Callable[[], bool] = release_free_heap,
@@ -92,17 +92,18 @@ class QuietUpkeep:
             log.warning("free heap not released error=%r", future.exception())
 
     def _release(self) -> None:
-        """On a worker thread: the full collection (what it frees is released too), the release, counted, and logged
-        (at INFO when it returned ``LOGGED_BYTES``)."""
+        """On a worker thread: the full collection when due (what it frees is released too), the release, counted,
+        and logged (at INFO when it returned ``LOGGED_BYTES``)."""
         before, started = _rss(), time.perf_counter()
-        self.pacer.full()
+        collected = self.pacer.full_due()
+        if collected:
+            self.pacer.full()
         self.release()
         self.releases.inc()
         after = _rss()
         log.log(logging.INFO if before - after >= LOGGED_BYTES else logging.DEBUG,
-                "full collection run and free heap released to the OS rss_mb_before=%.0f rss_mb_after=%.0f "
-                "took_ms=%.1f",
-                before / 2**20, after / 2**20, 1000 * (time.perf_counter() - started))
+                "free heap released to the OS full_collection=%s rss_mb_before=%.0f rss_mb_after=%.0f took_ms=%.1f",
+                collected, before / 2**20, after / 2**20, 1000 * (time.perf_counter() - started))
 
     def close(self) -> None:
         """No release or collection begins after this (one running ends on its own thread)."""

@@ -26,6 +26,12 @@ class Releases:
             self.full += generation == 2
         return 0
 
+    def freeze(self) -> None:
+        pass
+
+    def unfreeze(self) -> None:
+        pass
+
     def __call__(self) -> bool:
         with self._lock:
             self.count += 1
@@ -40,9 +46,9 @@ async def until(condition, seconds: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def rule(releases: Releases) -> QuietUpkeep:
+def rule(releases: Releases, full_seconds: float = 3600) -> QuietUpkeep:
     counter = Counter("releases", "releases", registry=CollectorRegistry())
-    pacer = CollectionPacer(full_seconds=3600, collect=releases.collect)
+    pacer = CollectionPacer(full_seconds=full_seconds, heap=releases)
     return QuietUpkeep(counter, release=releases, min_seconds=INTERVAL, pacer=pacer)
 
 
@@ -71,7 +77,25 @@ def test_quiet_releases_at_once_then_at_most_once_per_interval_and_only_while_qu
         heap.quiet()  # the next quiet moment after the interval: released
         await until(lambda: releases.count == 3)
         assert releases.while_busy == 0
-        assert releases.full == 3  # each release after a full collection
+        assert releases.full == 0  # none was due: the heap released without a walk of every object
+        heap.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_quiet_moment_runs_the_full_collection_due_before_the_release() -> None:
+    async def scenario() -> None:
+        releases = Releases()
+        heap = rule(releases, full_seconds=0.2)
+        heap.busy()
+        heap.quiet()  # before full_seconds passed: released, no full collection
+        await until(lambda: releases.count == 1 and heap._running is None)
+        assert releases.full == 0
+        await asyncio.sleep(0.2)
+        heap.busy()
+        heap.quiet()  # due now: collected fully, then released
+        await until(lambda: releases.count == 2 and heap._running is None)
+        assert releases.full == 1
         heap.close()
 
     asyncio.run(scenario())
