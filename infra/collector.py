@@ -9,19 +9,19 @@ a young collection came every ~10 s and walked 54-66k objects, 20-30 ms (up to 1
 every call waiting; at (2,000, 3, ...) still 22-58k, up to 64 ms. Most of those objects belong to calls in flight
 and none is garbage (the collections found 0).
 
-So the server paces its own collections (``CollectionPacer``): while calls are in flight, every
-``TICK_SECONDS`` on the event loop it freezes what was allocated since the last tick (``gc.freeze``: the young,
-middle and old lists spliced onto the permanent one, O(1), no object walked). No tick walks the calls in flight,
-and an automatic young collection walks at most what arrived since the last tick: before, a tick collected the young and middle generations, which
-walked every object a call in flight had allocated since the last tick, about 250 a call (its coroutines,
-closures, messages), at about 0.27 us each: 1.4-1.8 ms a tick at 32 agents, 0.07-0.09 ms of every call's CPU
-(0.37 ms at 4,096 agents), and those collections found 9 objects of cyclic garbage in 7,700 calls. Objects in
-the permanent generation are still freed by their reference counts the moment a call drops them; only cyclic
-garbage waits for a full collection, which unfreezes everything, collects it all and freezes what is left. A full
-collection walks every object of the process (the startup's: the tokenizer, transformers, the app; every call
-in flight; every open trajectory), 90-170 ms beside 256 agents' trajectories, so it runs at most every ``FULL_SECONDS``: on a worker thread
-once no call is in flight (``gateway.http.quiet``), else on the loop. The thresholds stay as a net for a burst
-that allocates faster than the ticks.
+So the server paces its own collections (``CollectionPacer``): while calls are in flight, every ``TICK_SECONDS`` on
+the event loop it freezes what was allocated since the last tick (``gc.freeze``: the young, middle and old lists
+spliced onto the permanent one, O(1), no object walked). No tick walks the calls in flight, and an automatic young
+collection walks at most what arrived since the last tick: before, a tick collected the young and middle
+generations, which walked every object a call in flight had allocated since the last tick, about 250 a call (its
+coroutines, closures, messages), at about 0.27 us each: 1.4-1.8 ms a tick at 32 agents, 0.07-0.09 ms of every call's
+CPU (0.37 ms at 4,096 agents), and those collections found 9 objects of cyclic garbage in 7,700 calls. Objects in
+the permanent generation are still freed by their reference counts the moment a call drops them; only cyclic garbage
+waits for a full collection, which unfreezes everything, collects it all and freezes what is left. A full collection
+walks every object of the process (the startup's: the tokenizer, transformers, the app; every call in flight; every
+open trajectory), 90-170 ms beside 256 agents' trajectories, so it runs at most every ``FULL_SECONDS``: on a worker
+thread once no call is in flight (``gateway.http.quiet``), else on the loop. The thresholds stay as a net for a
+burst that allocates faster than the ticks.
 """
 
 from __future__ import annotations

@@ -46,8 +46,8 @@ def _rss() -> int:
 class QuietUpkeep:
     """Told when the instance's calls in flight go from none to some (``busy``) and back (``quiet``); paces the
     collector while busy, and once quiet, on a worker thread, runs a full collection when one is due
-    (``CollectionPacer.full_due``) and releases the free heap, at most every ``min_seconds`` (a quiet moment sooner than that
-    releases when the interval ends, if still quiet then). Lives on the event loop."""
+    (``CollectionPacer.full_due``) and releases the free heap, at most every ``min_seconds`` (a quiet moment
+    sooner than that releases when the interval ends, if still quiet then). Lives on the event loop."""
 
     def __init__(self, releases: Counter, release: Callable[[], bool] = release_free_heap,
                  min_seconds: float = MIN_SECONDS, pacer: CollectionPacer | None = None) -> None:
