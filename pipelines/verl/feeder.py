@@ -184,12 +184,12 @@ class GroupFeeder:
                                      tags=[tags[i] for i in rows])
         except Exception as exc:  # noqa: BLE001 - the prompts fail, the feeder goes on
             log.exception("verl feeder: writing %d groups into TransferQueue failed", len(fetched))
-            self.tag(uids, "failure", f"write into TransferQueue failed: {type(exc).__name__}: {exc}")
             self.failed += len(uids)
+            self.tag(uids, "failure", f"write into TransferQueue failed: {type(exc).__name__}: {exc}")
             return
         self._record_steps(fetched)
+        self.written += len(uids)  # written already; counted before the tag, as a failure is
         self.tag(uids, "finished")
-        self.written += len(uids)
 
     def _record_steps(self, fetched: list[tuple[StructuredGroup, Expected]]) -> None:
         """Each group written joins its prompt's step on the trained log. A write Kafka refused past its timeout
@@ -211,8 +211,8 @@ class GroupFeeder:
         if expected.given_up:
             reason = f"{reason} ({expected.given_up})"
         log.warning("verl feeder: prompt %s (group %s) failed: %s", expected.uid, prompt_uid, reason)
+        self.failed += 1  # counted before the tag: whoever sees the prompt failed sees it counted
         self.tag([expected.uid], "failure", reason)
-        self.failed += 1
 
     def _check_agents(self) -> None:
         """Agents that failed give their group up: on the ledger (the worker decides), else at once."""
