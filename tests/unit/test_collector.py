@@ -133,14 +133,14 @@ weakref.finalize(single, freed.append, "plain")
 pacer.heap.freeze()  # a tick
 frozen = gc.get_freeze_count()
 del a, b, single
-gc.collect()  # a young collection: the frozen cycle is not in it
+gc.collect()  # every generation collected: the frozen cycle is in none of them
 print("plain" in freed, "cycle" not in freed, gc.get_freeze_count() < frozen)
 pacer.full()
-print("cycle" in freed, gc.get_count()[0] < 100, gc.get_freeze_count() > 1000)
+print("cycle" in freed, gc.get_freeze_count() > 1000)  # the rest frozen again
 """
 
 
 def test_frozen_objects_are_freed_by_reference_counts_at_once_and_their_cycles_by_a_full_collection() -> None:
     out = subprocess.run([sys.executable, "-c", FROZEN_PROBE], capture_output=True, text=True, timeout=120,
                          check=True)
-    assert out.stdout.split() == ["True"] * 6, out.stdout + out.stderr
+    assert out.stdout.split() == ["True"] * 5, out.stdout + out.stderr
