@@ -86,12 +86,12 @@ def test_quiet_releases_at_once_then_at_most_once_per_interval_and_only_while_qu
 def test_a_quiet_moment_runs_the_full_collection_due_before_the_release() -> None:
     async def scenario() -> None:
         releases = Releases()
-        heap = rule(releases, full_seconds=0.2)
+        heap = rule(releases, full_seconds=1.0)
         heap.busy()
         heap.quiet()  # before full_seconds passed: released, no full collection
         await until(lambda: releases.count == 1 and heap._running is None)
         assert releases.full == 0
-        await asyncio.sleep(0.2)
+        await until(heap.pacer.full_due)  # full_seconds since the pacer began
         heap.busy()
         heap.quiet()  # due now: collected fully, then released
         await until(lambda: releases.count == 2 and heap._running is None)
