@@ -148,11 +148,11 @@ class KafkaLink:
         except DeliveryError as exc:
             raise kafka_failure(exc, STEPS_NOT_ACKNOWLEDGED) from None
         self.metrics.publish_latency.observe(time.monotonic() - started)
-        self.metrics.steps.labels(channel, source).inc(count)
+        self.metrics.steps_of[channel, source].inc(count)
         for step in steps:
             if isinstance(step, Step):
-                self.metrics.tokens.labels("prompt").inc(len(step.prompt_ids))
-                self.metrics.tokens.labels("response").inc(len(step.response_ids))
+                self.metrics.tokens_of["prompt"].inc(len(step.prompt_ids))
+                self.metrics.tokens_of["response"].inc(len(step.response_ids))
                 if step.is_last:
                     self.metrics.reward.labels(str(step.policy_version)).observe(step.reward)
         return count

@@ -32,8 +32,8 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import time
-import uuid
 from typing import Any, AsyncIterator, Callable
 
 from trajbus.gateway.broker.kafka_link import KafkaLink
@@ -122,7 +122,7 @@ class ChatCall:
                  messages: list[dict[str, Any]], prompt: Prompt, generation: Generation) -> None:
         self.parts, self.trajectory, self.request = parts, trajectory, request
         self.messages, self.prompt, self.prompt_ids, self.generation = messages, prompt, prompt.ids, generation
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.id = f"chatcmpl-{os.urandom(16).hex()}"  # uuid4's randomness, without building a UUID
         self.created = int(time.time())
         self.model = request.model or parts.settings.served_model_name
         self.started = time.monotonic()
@@ -157,7 +157,7 @@ class ChatCall:
                 span.set_attribute(tracing.STEP_INDEX, steps[0].step_index)
         kind = "first" if t.context_step is None else "new_segment" if SEGMENT_START in steps[0].metadata \
             else "continued"
-        parts.metrics.prompts.labels(kind).inc()
+        parts.metrics.prompts_of[kind].inc()
         log.debug("chat step published trajectory=%s step=%d backend=%s prompt=%s", t.trajectory_uid,
                   steps[0].step_index, backend, kind)
 

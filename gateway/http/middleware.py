@@ -162,8 +162,8 @@ class RequestObserver:
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             elapsed = time.monotonic() - started
-            self.metrics.requests.labels(route, str(status)).inc()
-            self.metrics.latency.labels(route).observe(elapsed)
+            self.metrics.requests_of[route, str(status)].inc()
+            self.metrics.latency_of[route].observe(elapsed)
             if status >= 400 and route != "/ready":  # 503 while starting is expected
                 log.info("request method=%s route=%s status=%d ms=%.1f", scope["method"], route, status,
                          1000 * elapsed)

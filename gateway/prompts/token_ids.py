@@ -28,6 +28,16 @@ def packed(ids: Iterable[int]) -> array:
     return array(TOKEN_TYPECODE, ids)
 
 
+def sampled_ids(ids: list[int]) -> AnyIds:
+    """An engine's sampled ids as a step carries them: packed, so checking and writing them are C loops over
+    4-byte ids (an ``array('I')`` holds nothing else); as they came when one is no 32-bit id, for the step's
+    check to name it."""
+    try:
+        return packed(ids)
+    except (OverflowError, TypeError):
+        return ids
+
+
 def joined(ids: AnyIds, more: Iterable[int]) -> AnyIds:
     """``ids`` followed by ``more``, a new sequence of ``ids``'s kind (``ids`` is never changed)."""
     if isinstance(ids, array):

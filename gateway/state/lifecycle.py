@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import secrets
 import weakref
+from array import array
 from typing import Any, Protocol, Sequence
 
 from trajbus.gateway.admission.pacing import Pacing
@@ -21,7 +22,7 @@ from trajbus.gateway.broker.kafka_link import END_NOT_ACKNOWLEDGED, KafkaLink, k
 from trajbus.gateway.errors import GatewayError, bad_request, conflict, from_value_error, not_found
 from trajbus.gateway.metrics import GatewayMetrics
 from trajbus.gateway.prompts.conversation import Prompt
-from trajbus.gateway.prompts.token_ids import joined
+from trajbus.gateway.prompts.token_ids import joined, sampled_ids
 from trajbus.gateway.rewards import RewardScorer
 from trajbus.gateway.state.served_version import ServedVersion
 from trajbus.gateway.state.trajectories import COMPLETED, COMPLETING, OPEN, Trajectory, TrajectoryStore
@@ -208,17 +209,17 @@ class TrajectoryLifecycle:
             except LookupError as exc:  # completed by a concurrent request since it was looked up
                 raise conflict(str(exc)) from None
             new_segment = prompt.new_segment or self.store.context_step(uid) != trajectory.context_step
-            steps = [Step(prompt_ids=prompt.ids, response_ids=c.token_ids, trajectory_uid=uid,
+            steps = [Step(prompt_ids=prompt.ids, response_ids=sampled_ids(c.token_ids), trajectory_uid=uid,
                           prompt_uid=trajectory.prompt_uid, step_index=first + i, policy_version=version,
                           metadata={**trajectory.metadata, "finish_reason": c.finish_reason,
                                     **lineage(trajectory.context_step, first, i, new_segment)},
-                          rollout_log_probs=c.logprobs, channel=trajectory.channel, n_rollouts=trajectory.n_rollouts,
-                          version_segments=c.segments.wire(version))
+                          rollout_log_probs=array("d", c.logprobs), channel=trajectory.channel,
+                          n_rollouts=trajectory.n_rollouts, version_segments=c.segments.wire(version))
                      for i, c in enumerate(choices)]
             await self.kafka.publish(steps, trajectory.channel, "chat", trajectory.n_rollouts)
             context = self.kafka.sent_context(uid, first)  # one context in memory, the producer's and ours
             if context is None:  # n > 1 choices (it kept the last one's), or no room for it
-                context = joined(prompt.ids, choices[0].token_ids)
+                context = joined(prompt.ids, steps[0].response_ids)
             await self.store.write(self.store.record_published, uid, first, len(steps), conversation, backend,
                                    context, first)
         return steps

@@ -20,6 +20,8 @@ from array import array
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, NoReturn
 
+import numpy as np
+
 from trajbus.streams.wire.topics import validate_channel
 from trajbus.streams.wire.versions import check_version_segments
 
@@ -108,12 +110,17 @@ def _log_prob(value: object) -> bool:
 
 
 def _check_log_probs(values: object, n_tokens: int) -> None:
-    if not isinstance(values, (list, tuple)):
+    """One number per response token. An ``array('d')`` (how the gateway hands over an engine's) holds only floats,
+    so only NaN is looked for, in one numpy pass."""
+    packed = isinstance(values, array) and values.typecode == "d"
+    if not packed and not isinstance(values, (list, tuple)):
         raise ValueError("rollout_log_probs: must be a list of floats or null")
     if len(values) != n_tokens:
         raise ValueError(f"rollout_log_probs: has {len(values)} values for {n_tokens} response tokens "
                          f"(need one per token)")
-    if set(map(type, values)) <= {float} and not any(map(math.isnan, values)):
+    if packed and not np.isnan(np.frombuffer(values, dtype=np.float64)).any():
+        return
+    if not packed and set(map(type, values)) <= {float} and not any(map(math.isnan, values)):
         return  # the common case at C speed
     for position, value in enumerate(values):
         if not _log_prob(value):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import copy
+from array import array
 
 import pytest
 
 from trajbus.gateway.prompts.conversation import CUMULATIVE, RENDER, PromptBuilder, extends
-from trajbus.gateway.prompts.token_ids import joined
+from trajbus.gateway.prompts.token_ids import joined, sampled_ids
 from trajbus.infra import tiny_model
 from trajbus.infra.scripted_engine import noncanonical_ids
 
@@ -115,3 +116,9 @@ def test_an_unknown_mode_is_refused(tokenizer):
     with pytest.raises(ValueError, match="multi_turn"):
         PromptBuilder(tokenizer, "sometimes")
     assert PromptBuilder(tokenizer).mode == CUMULATIVE
+
+
+def test_an_engines_ids_are_packed_for_their_step_unless_one_is_no_token_id():
+    assert sampled_ids([0, 7, 2**32 - 1]) == array("I", [0, 7, 2**32 - 1])
+    for junk in ([1, -5], [1, 2**32], [1, 2.0], [1, None]):
+        assert sampled_ids(junk) is junk  # as it came: the step's check names the bad id

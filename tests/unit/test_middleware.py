@@ -53,3 +53,5 @@ def test_engine_calls_beyond_the_limit_are_shed_at_once_with_503_and_retry_after
     samples = {(s.name, tuple(s.labels.values())): s.value for m in metrics.registry.collect() for s in m.samples}
     assert samples[("trajbus_gateway_shed_total", ("chat/completions",))] == 1.0
     assert samples[("trajbus_gateway_requests_total", ("unmatched", "503"))] == 1.0
+    assert samples[("trajbus_gateway_requests_total", ("unmatched", "200"))] == 3.0  # one child, bound once, counts all
+    assert samples[("trajbus_gateway_request_seconds_count", ("unmatched",))] == 4.0

@@ -172,20 +172,22 @@ def test_a_turn_that_extends_the_last_context_sent_is_validated_from_its_new_tok
     assert encoder.extended(trajectory("other", 2)[1]) == 0
 
 
-def packed_prompt(step: Step) -> Step:
-    """The step as the gateway builds it: its prompt a token array (``gateway.prompts.token_ids``)."""
-    return dataclasses.replace(step, prompt_ids=array("I", step.prompt_ids))
+def as_the_gateway_builds(step: Step) -> Step:
+    """The step as the gateway builds it: its prompt and response token arrays (``gateway.prompts.token_ids``),
+    its log-probs a float array (``TrajectoryLifecycle.publish_call``)."""
+    return dataclasses.replace(step, prompt_ids=array("I", step.prompt_ids), response_ids=array("I", step.response_ids),
+                               rollout_log_probs=array("d", step.rollout_log_probs))
 
 
 @pytest.mark.parametrize("turn", ["continued", "new segment", "cut and continued"])
-def test_a_step_whose_prompt_is_a_token_array_goes_on_the_wire_as_its_list_twin_does(turn):
+def test_a_step_whose_ids_and_log_probs_are_arrays_goes_on_the_wire_as_its_list_twin_does(turn):
     steps = trajectory("t", 3)
     third = steps[2].prompt_ids
     steps[2] = dataclasses.replace(steps[2], prompt_ids={
         "continued": third, "new segment": [5] * 300, "cut and continued": third[:len(TASK) + 20] + [9] * 50}[turn])
     as_lists, as_arrays = PrefixEncoder(), PrefixEncoder()
     values = [codec.encode(as_lists.delta(step)) for step in steps]
-    deltas = [as_arrays.delta(packed_prompt(step)) for step in steps]
+    deltas = [as_arrays.delta(as_the_gateway_builds(step)) for step in steps]
     assert [codec.encode(delta) for delta in deltas] == values  # the same bytes
     kind, prefix = {"continued": (PROMPT_EXTENDS_STEP, len(steps[1].prompt_ids) + 40),
                     "new segment": (PROMPT_FULL, 0), "cut and continued": (PROMPT_EXTENDS_STEP, len(TASK) + 20)}[turn]
@@ -195,7 +197,7 @@ def test_a_step_whose_prompt_is_a_token_array_goes_on_the_wire_as_its_list_twin_
 
 
 def test_a_token_array_context_costs_4_bytes_a_token_and_its_turns_are_checked_from_their_new_tokens_on():
-    steps = [packed_prompt(step) for step in trajectory("t", 3)]
+    steps = [as_the_gateway_builds(step) for step in trajectory("t", 3)]
     encoder = PrefixEncoder()
     encoder.delta(steps[0])
     context = len(steps[0].prompt_ids) + len(steps[0].response_ids)
@@ -208,7 +210,7 @@ def test_a_token_array_context_costs_4_bytes_a_token_and_its_turns_are_checked_f
 
 
 def test_the_context_kept_for_the_last_step_sent_is_lent_to_a_caller_that_would_keep_it_too():
-    steps = [packed_prompt(step) for step in trajectory("t", 3)]
+    steps = [as_the_gateway_builds(step) for step in trajectory("t", 3)]
     encoder = PrefixEncoder()
     encoder.delta(steps[0])
     kept = encoder.remembered("t", 0)

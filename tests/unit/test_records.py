@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
 from trajbus.streams.wire.records import Step, TrajectoryEnd
@@ -32,6 +34,10 @@ def test_missing_required_field_is_named(missing):
     ("metadata", {"x": object()}, "^metadata: "),
     ("metadata", [], "^metadata: "),
     ("rollout_log_probs", [-0.1, -0.2], "^rollout_log_probs: has 2 values for 1"),
+    ("rollout_log_probs", array("d", [-0.1, -0.2]), "^rollout_log_probs: has 2 values for 1"),  # the gateway's kind
+    ("rollout_log_probs", array("d", [float("nan")]), r"^rollout_log_probs\[0\]: must be a number, got nan"),
+    ("rollout_log_probs", array("f", [-0.1]), "^rollout_log_probs: must be a list of floats"),
+    ("response_ids", array("i", [3]), "^response_ids: must be a list of token ids, got array"),  # signed: not ids
     ("channel", "Train!", "^channel: "),
     ("n_rollouts", 0, "^n_rollouts: "),
 ])
@@ -65,6 +71,12 @@ def test_an_empty_response_is_refused_by_the_api_and_the_gateway_in_the_same_wor
     with pytest.raises(ValueError) as gateway:
         step_from_json({**VALID, "response_ids": []})
     assert str(gateway.value) == str(api.value).replace("()", "[]")
+
+
+def test_the_gateways_packed_response_and_log_probs_are_a_valid_step():
+    step = Step.from_dict({**VALID, "response_ids": array("I", [3, 4]),
+                           "rollout_log_probs": array("d", [-0.5, float("-inf")])})  # -inf: a token held impossible
+    assert list(step.response_ids) == [3, 4]
 
 
 def test_unknown_field_is_named():
