@@ -118,9 +118,10 @@ def _check_log_probs(values: object, n_tokens: int) -> None:
     if len(values) != n_tokens:
         raise ValueError(f"rollout_log_probs: has {len(values)} values for {n_tokens} response tokens "
                          f"(need one per token)")
-    if packed and not np.isnan(np.frombuffer(values, dtype=np.float64)).any():
-        return
-    if not packed and set(map(type, values)) <= {float} and not any(map(math.isnan, values)):
+    if packed:
+        if not np.isnan(np.frombuffer(values, dtype=np.float64)).any():
+            return
+    elif set(map(type, values)) <= {float} and not any(map(math.isnan, values)):
         return  # the common case at C speed
     for position, value in enumerate(values):
         if not _log_prob(value):
