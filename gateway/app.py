@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from trajbus.gateway.config import GatewaySettings
 from trajbus.gateway.errors import install_error_handlers
+from trajbus.gateway.http.lean_route import LeanJsonRoute, LeanRoutes
 from trajbus.gateway.http.middleware import BodySizeLimit, CallLimit, Drain, RequestObserver
 from trajbus.gateway.http.openapi import describe
 from trajbus.gateway.http.responses import OrjsonResponse
@@ -43,10 +44,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     install_error_handlers(app)
     describe(app, settings, lambda: len(service.tokenizer.tokenizer) if service.tokenizer.ready else None)
     admin = api_key_guard(settings.api_key)
-    for router in (blackbox_router(service, admin), messages_router(service), operations_router(service, admin),
-                   whitebox_router(service, admin), pause_router(service, admin)):
+    routers = (blackbox_router(service, admin), messages_router(service), operations_router(service, admin),
+               whitebox_router(service, admin), pause_router(service, admin))
+    for router in routers:
         app.include_router(router)
-    # Outermost last: every request is observed, a shed or drained one too; the body cap applies before any parse.
+    # Outermost last: every request is observed, a shed or drained one too; the body cap applies before any parse;
+    # the hot routes are served before the framework's router (``gateway.http.lean_route``).
+    app.add_middleware(LeanRoutes, routes=[route for router in routers for route in router.routes
+                                           if isinstance(route, LeanJsonRoute)], handlers=app.exception_handlers)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(CallLimit, limit=settings.max_concurrent_calls, metrics=service.metrics,
                        quiet=service.upkeep)

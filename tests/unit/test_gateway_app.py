@@ -96,3 +96,29 @@ def test_the_lean_engine_routes_refuse_as_fastapi_did_before_looking_up_the_traj
     anthropic = client.post("/no-such-trajectory/p/v1/v1/messages?wait=-1", json={"messages": []})
     assert anthropic.status_code == 400 and anthropic.json()["type"] == "error", anthropic.text  # Anthropic's shape
     assert anthropic.json()["error"]["message"].startswith("wait: Input should be"), anthropic.text
+
+
+def test_the_lean_routes_are_served_before_the_frameworks_router_and_counted_by_their_template(tmp_path, monkeypatch):
+    """``LeanRoutes`` serves chat completions and Anthropic's messages itself: no FastAPI route handles them (its
+    ``APIRoute.handle`` fails here), yet each answers as before: the app's handler for an unknown trajectory
+    (404 in OpenAI's shape, the query's defaults taken without a query string), Anthropic's shape on its route,
+    the request counted under its route template. Another method on the same path is the framework's (405)."""
+    from fastapi.routing import APIRoute
+
+    def not_here(*_args):
+        raise AssertionError("a lean route reached FastAPI's router")
+
+    app = app_at(tmp_path)
+    client = TestClient(app)
+    monkeypatch.setattr(APIRoute, "handle", not_here)
+    hello = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+    for query in ("", "?wait=0.5"):
+        unknown = client.post(f"/no-such-trajectory/a%2Fprompt/v1/chat/completions{query}", json=hello)
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found", unknown.text
+    anthropic = client.post("/no-such-trajectory/p/v1/v1/messages", json={"messages": []})
+    assert anthropic.status_code == 400 and anthropic.json()["type"] == "error", anthropic.text
+    monkeypatch.undo()
+    assert client.get("/no-such-trajectory/p/v1/chat/completions").status_code == 405
+    counted = client.get("/metrics").text
+    assert 'trajbus_gateway_requests_total{route="/{trajectory_uid}/{prompt_uid:path}/v1/chat/completions",' \
+           'status="404"} 2.0' in counted, counted
