@@ -20,7 +20,7 @@ import numpy as np
 from trajbus.streams.wire import headers
 from trajbus.streams.wire.prefix import (PROMPT_EXTENDS_SHARED, PROMPT_EXTENDS_STEP, PROMPT_FULL,
                                          StepDelta, StructuredGroup, structure)
-from trajbus.streams.wire.records import ChunkedGroup, ReadyGroup, Step, TrajectoryEnd
+from trajbus.streams.wire.records import ChunkedGroup, ReadyGroup, Step, TrajectoryEnd, metadata_json
 from trajbus.streams.wire.versions import check_version_segments
 
 SCHEMA_VERSION = 2
@@ -101,7 +101,8 @@ def _version_segments(segments: list[list[int]]) -> bytes:
 
 
 def _metadata(metadata: dict) -> bytes:
-    return _str(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False) if metadata else "")
+    raw = metadata_json(metadata) if metadata else b""
+    return _uvarint(len(raw)) + raw
 
 
 def _step_body(record: Step | StepDelta) -> bytes:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, NoReturn
 
 import numpy as np
+import orjson
 
 from trajbus.streams.wire.topics import validate_channel
 from trajbus.streams.wire.versions import check_version_segments
@@ -141,11 +142,31 @@ def _non_string_keys(value: object) -> list:
     return found
 
 
+_PLAIN_JSON = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
+"""orjson's options that leave to the standard library's ``json`` what it would not write as plain JSON."""
+
+
+def metadata_json(metadata: dict) -> bytes:
+    """Metadata as compact UTF-8 JSON: by orjson (a step's metadata on every call, 10x faster), else by the
+    standard library (an integer past 64 bits, a subclass of a JSON type), which writes what it always wrote."""
+    try:
+        return orjson.dumps(metadata, option=_PLAIN_JSON)
+    except orjson.JSONEncodeError:
+        return json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def _check_metadata(name: str, metadata: object) -> dict:
     """A dict that goes on the wire as UTF-8 JSON and comes back equal (lists for tuples): JSON values, string
-    keys (JSON would turn ``1`` into ``"1"``, and ``{1: .., "1": ..}`` into one key), no lone surrogate."""
+    keys (JSON would turn ``1`` into ``"1"``, and ``{1: .., "1": ..}`` into one key), no lone surrogate.
+    Metadata of plain JSON values that orjson gives back equal passes at once (no NaN does: NaN is unequal to
+    itself); any other is checked by the standard library, which names what is wrong."""
     if not isinstance(metadata, dict):
         raise ValueError(f"{name}: must be a dict, got {type(metadata).__name__}")
+    try:
+        if orjson.loads(orjson.dumps(metadata, option=_PLAIN_JSON)) == metadata:
+            return metadata
+    except orjson.JSONEncodeError:
+        pass
     try:
         text = json.dumps(metadata, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError) as exc:

@@ -127,3 +127,18 @@ def test_a_steps_topic_record_cannot_extend_a_group_prompt():
     data[4 + len(b"\x06traj-1\x08prompt-1\x00") + struct.calcsize("<IqdBId")] = 2
     with pytest.raises(codec.DecodeError, match="shared prompt"):
         codec.decode(bytes(data))
+
+
+def test_metadata_is_written_as_the_standard_librarys_json_reads_it_back_beyond_orjsons_range():
+    """A step's metadata is written by orjson, and by the standard library when orjson cannot (an integer past
+    64 bits): either way it decodes equal. A value that is no JSON type is still refused by the step's check,
+    though orjson could write it (a UUID as a string) or would write NaN as null."""
+    import uuid
+
+    for metadata in ({"finish_reason": "stop", "continues": 3, "note": "é✓\n", "nested": [1.5, None, True]},
+                     {"big": 2**70, "tuple": [1, 2]}):
+        step = Step(prompt_ids=[1], response_ids=[2], trajectory_uid="t", prompt_uid="p", metadata=metadata)
+        assert codec.decode(codec.encode(step)).metadata == metadata
+    for bad in ({"id": uuid.uuid4()}, {"x": float("nan")}, {"x": [float("inf")]}):
+        with pytest.raises(ValueError, match="^metadata: must be JSON-serialisable"):
+            Step(prompt_ids=[1], response_ids=[2], trajectory_uid="t", prompt_uid="p", metadata=bad).validate()
