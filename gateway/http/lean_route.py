@@ -105,4 +105,4 @@ class LeanRoutes:
             if handler is None:
                 raise
             response = await handler(request, exc)
-        await response(scope, receive, send)
+        await response(scope, receive, send)  # a stream's failure once begun: its own events say it, as before
