@@ -20,10 +20,16 @@ back (``ClusterOutage.contacting``), so that error is the only line.
 
 The probes are readers of their own (``client_roles``), not ``clients.reader``: a probe's failed
 attempts are the outage it looks at, so it must not report them to it.
+
+A probe still running when the process exits is stopped and closed first (``_stop_probes``, at exit): a
+librdkafka client left mid-handshake while the interpreter and OpenSSL were torn down crashed a CLI that had
+already said why it failed (``trajbus topics`` against a broker whose certificate it could not verify, exit
+-11 instead of 2, once under a loaded test run).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -39,6 +45,12 @@ log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT = 3.0
 """One probe's wait for metadata: long enough that a slow but healthy broker is not called down."""
+
+EXIT_JOIN_SECONDS = 5.0
+"""How long the process's exit waits for each probe to stop (one metadata request slice, then its close)."""
+
+_exiting = threading.Event()
+"""Set at exit: no probe starts, and a running one stops."""
 
 PROBE_INTERVAL = 1.0
 """Between probes while a cluster is down: how late "outage ended" may come."""
@@ -93,7 +105,7 @@ class MetadataProbe:
                 return None
             except KafkaException as exc:
                 self._reader.poll(0)  # serves the error callback
-                if self._lost.is_set() or time.monotonic() > deadline:
+                if self._lost.is_set() or time.monotonic() > deadline or _exiting.is_set():
                     self._lost.clear()
                     return str(exc)
 
@@ -139,7 +151,7 @@ class ClusterOutage:
             self._last_failure = self._clock()
             if reason:
                 self.reason = reason
-            if start and (self._watcher is None or not self._watcher.is_alive()):
+            if start and not _exiting.is_set() and (self._watcher is None or not self._watcher.is_alive()):
                 self._watcher = threading.Thread(target=self._watch, name="kafka-outage-probe", daemon=True)
                 self._watcher.start()
 
@@ -178,6 +190,13 @@ class ClusterOutage:
             with self._lock:
                 self._first_contacts -= 1
 
+    def join_probe(self, timeout: float) -> None:
+        """Wait for this cluster's probe to end (at exit, once it was told to stop)."""
+        with self._lock:
+            watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(timeout)
+
     def not_reached(self) -> None:
         """A first contact failed and raised its error: the cluster is down from now on, already told."""
         with self._lock:
@@ -196,13 +215,15 @@ class ClusterOutage:
             while True:
                 started = self._clock()
                 why = probe.check()
+                if _exiting.is_set():  # the process is ending: no line about what it no longer waits for
+                    return
                 if why is None:
                     self.reached()
                     return
                 self.failed(self.reason or why)
-                if self._clock() - self._last_failure > QUIET:
+                if self._clock() - self._last_failure > QUIET or \
+                        _exiting.wait(max(0.0, PROBE_INTERVAL - (self._clock() - started))):
                     return
-                time.sleep(max(0.0, PROBE_INTERVAL - (self._clock() - started)))
         except Exception:
             log.debug("kafka outage probe of %s failed", self.servers, exc_info=True)
         finally:
@@ -230,6 +251,16 @@ def _forget_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+@atexit.register
+def _stop_probes() -> None:
+    """Stop and close every probe before the interpreter is torn down (atexit runs while it is whole)."""
+    _exiting.set()
+    with _clusters_lock:
+        clusters = list(_clusters.values())
+    for cluster in clusters:
+        cluster.join_probe(EXIT_JOIN_SECONDS)
 
 
 class OutageWatch:

@@ -61,3 +61,38 @@ def test_a_trainer_fetching_through_an_outage_gives_up_within_its_limit_by_the_s
                                                    r"127\.0\.0\.1:1 answers"):
             trainer.fetch_group(timeout=None)
     assert time.monotonic() - started < 4.5, "probed every quarter of the limit, not every 5 s"
+
+
+EXITING_WITH_A_PROBE = r'''
+import sys, threading
+from trajbus.infra import outage
+
+built = threading.Event()
+
+class Probe:
+    def __init__(self, servers):
+        print("probe built", flush=True)
+        built.set()
+    def check(self):
+        threading.Event().wait(0.05)
+        return "connection refused"
+    def close(self):
+        print("probe closed", flush=True)
+
+cluster = outage._clusters["127.0.0.1:9"] = outage.ClusterOutage("127.0.0.1:9", probe=Probe)
+cluster.all_brokers_down()  # a client lost every broker: the probe starts, on a daemon thread
+assert built.wait(10), "the probe never started"
+print("exiting", flush=True)
+'''
+
+
+def test_a_probe_running_when_the_process_exits_is_stopped_and_closed_first():
+    """A probe left running at exit was a librdkafka client mid-handshake while the interpreter and OpenSSL were
+    torn down (a CLI that had said why it failed crashed, -11): the exit stops it and closes it, with no outage
+    line after the process's own last words."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", EXITING_WITH_A_PROBE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["probe built", "exiting", "probe closed"], done.stdout + done.stderr
