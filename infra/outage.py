@@ -194,7 +194,7 @@ class ClusterOutage:
         """Wait for this cluster's probe to end (at exit, once it was told to stop)."""
         with self._lock:
             watcher = self._watcher
-        if watcher is not None and watcher is not threading.current_thread():
+        if watcher is not None:
             watcher.join(timeout)
 
     def not_reached(self) -> None:

@@ -3,6 +3,8 @@ trainer's BatchConsumer: down from the first unanswered probe, given up past the
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -64,7 +66,7 @@ def test_a_trainer_fetching_through_an_outage_gives_up_within_its_limit_by_the_s
 
 
 EXITING_WITH_A_PROBE = r'''
-import sys, threading
+import threading
 from trajbus.infra import outage
 
 built = threading.Event()
@@ -88,11 +90,8 @@ print("exiting", flush=True)
 
 def test_a_probe_running_when_the_process_exits_is_stopped_and_closed_first():
     """A probe left running at exit was a librdkafka client mid-handshake while the interpreter and OpenSSL were
-    torn down (a CLI that had said why it failed crashed, -11): the exit stops it and closes it, with no outage
-    line after the process's own last words."""
-    import subprocess
-    import sys
-
+    torn down (a CLI that had said why it failed crashed, -11): the exit stops it and closes it before the process
+    ends."""
     done = subprocess.run([sys.executable, "-c", EXITING_WITH_A_PROBE], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["probe built", "exiting", "probe closed"], done.stdout + done.stderr
