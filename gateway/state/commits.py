@@ -52,12 +52,18 @@ class GroupCommit:
         self.changes = 0
 
     def queue(self, trajectory_uid: str, *statements: tuple[str, tuple]) -> None:
-        """Queue one change's statements (the store's lock held); committed with the open batch."""
+        """Queue one change's statements (the store's lock held); committed with the open batch, which its
+        caller awaits (``changes`` counts them)."""
+        self.defer(trajectory_uid, *statements)
+        self.changes += 1
+
+    def defer(self, trajectory_uid: str, *statements: tuple[str, tuple]) -> None:
+        """Queue statements nobody awaits (the store's lock held): committed with the next batch (an awaited
+        change's, a read's, the close's), or lost with the process, which their caller allows for."""
         if self._open is None:
             self._open = Batch()
         self._open.statements.extend(statements)
         self._open.trajectory_uids.add(trajectory_uid)
-        self.changes += 1
 
     def open_batch(self) -> Batch | None:
         """The batch the changes queued since the last commit are in (read with the store's lock held)."""

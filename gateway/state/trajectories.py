@@ -15,8 +15,13 @@ call never waits for a disk flush.
 A call takes its step indices when it publishes (under the trajectory's publish
 lock, after the engine answered) and never gives them back: a record whose fate
 is unknown (not acknowledged in time, the gateway killed while waiting) may still
-reach the broker, so its index is never used again. The indices the broker did
-acknowledge are kept (``acknowledged``); the trajectory's end names them, and the
+reach the broker, so its index is never used again. The disk holds a reservation
+ahead of them (``reserved_steps``, ``RESERVED_STEPS`` at a time), whose commit a call
+past it awaits; within it, a call's index rides in the next commit and nothing is
+awaited. A gateway killed (or whose commit failed) continues past the reservation:
+a gap, which the acknowledged list leaves out; one closed in order leaves none.
+
+The indices the broker did acknowledge are kept (``acknowledged``); the trajectory's end names them, and the
 worker assembles exactly those steps, so a gap is never waited for and an
 unacknowledged record never reaches the trainer.
 
@@ -57,16 +62,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
-from cachetools import LRUCache
-
 from trajbus.gateway.prompts.token_ids import TokenIds, packed
 from trajbus.gateway.state.commits import Checkpointer, GroupCommit
+from trajbus.gateway.state.snapshots import Snapshots
 
 T = TypeVar("T")
 log = logging.getLogger("trajbus.gateway")
 OPEN, COMPLETING, COMPLETED, ABANDONED = "open", "completing", "completed", "abandoned"
 CACHED_TRAJECTORIES = 8192
 """Open trajectories held in memory by default: twice the calls an instance serves at once by default."""
+RESERVED_STEPS = 64
+"""Step indices a trajectory reserves on disk at a time: one commit awaited for the indices of 64 calls, not
+one a call; a gateway killed mid-trajectory skips at most this many (the trajectory's end names only those
+acknowledged)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS trajectories (
@@ -85,7 +93,8 @@ CREATE TABLE IF NOT EXISTS trajectories (
     updated_at REAL NOT NULL,
     context_ids BLOB,
     context_step INTEGER,
-    acknowledged BLOB
+    acknowledged BLOB,
+    reserved_steps INTEGER
 )
 """
 _INDEX = "CREATE INDEX IF NOT EXISTS trajectories_by_status ON trajectories (status, updated_at)"
@@ -101,7 +110,8 @@ CREATE TABLE IF NOT EXISTS turns (
 )
 """
 # Columns absent from the state of older gateways, added when it is opened:
-_ADDED_COLUMNS = {"context_ids": "BLOB", "context_step": "INTEGER", "acknowledged": "BLOB"}
+_ADDED_COLUMNS = {"context_ids": "BLOB", "context_step": "INTEGER", "acknowledged": "BLOB",
+                  "reserved_steps": "INTEGER"}
 
 
 @dataclass
@@ -115,6 +125,8 @@ class Trajectory:
     """Set by ``register_trajectory``; else steps take the policy topic's version."""
     backend: str | None = None
     next_step: int = 0
+    reserved_steps: int = 0
+    """The first index not reserved on disk (``RESERVED_STEPS``): where a gateway killed meanwhile continues."""
     published_steps: int = 0
     status: str = OPEN
     last_conversation: list[dict[str, Any]] | None = None
@@ -155,35 +167,6 @@ def _acknowledged(blob: bytes | None, published: int) -> list[int] | None:
     return _unpack(blob)
 
 
-class _Snapshots:
-    """The trajectories in use, in memory, the least recently used dropped first (``cachetools``). A snapshot
-    is never changed in place: a change replaces it whole, so a reader on another thread never sees half of one."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: LRUCache[str, Trajectory] = LRUCache(size)
-        self._lock = threading.Lock()
-
-    def get(self, trajectory_uid: str) -> Trajectory | None:
-        with self._lock:
-            return self._items.get(trajectory_uid)
-
-    def put(self, trajectory: Trajectory) -> None:
-        with self._lock:
-            self._items[trajectory.trajectory_uid] = trajectory
-
-    def change(self, trajectory_uid: str, **changes: Any) -> None:
-        with self._lock:
-            trajectory = self._items.get(trajectory_uid)
-            if trajectory is not None:
-                self._items[trajectory_uid] = dataclasses.replace(trajectory, **changes)
-
-    def drop(self, trajectory_uids: list[str]) -> None:
-        with self._lock:
-            for uid in trajectory_uids:
-                self._items.pop(uid, None)
-
-
 class TrajectoryStore:
     """SQLite (WAL) table of trajectories behind an in-memory cache; safe to call from any thread.
 
@@ -212,17 +195,26 @@ class TrajectoryStore:
         self._db.execute(_TURNS)
         self._lock = threading.RLock()
         """Guards the connection (re-entered: a change made in place holds it around the change's own use)."""
-        self._snapshots = _Snapshots(cached)
+        self._snapshots: Snapshots[Trajectory] = Snapshots(cached)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="trajectory-state")
+        self._past_reservation: set[str] = set()
+        """Trajectories whose last indices taken a failed commit may have lost: read again, they continue past
+        their reservation."""
+        # The gateway before this one, killed, may have sent indices it took and never committed: past them.
+        self._db.execute("UPDATE trajectories SET next_step = reserved_steps WHERE reserved_steps > next_step")
         self._commits = GroupCommit(self._db, self._lock, self._writer, on_failure=self._forget)
         self._checkpointer = Checkpointer(self.path)
 
     def _row(self, row: tuple) -> Trajectory:
         (uid, prompt_uid, channel, n_rollouts, metadata, version, backend, next_step, published, status,
-         conversation, created_at, _updated, context_ids, context_step, acknowledged) = row
+         conversation, created_at, _updated, context_ids, context_step, acknowledged, reserved) = row
+        reserved = next_step if reserved is None else reserved
+        if uid in self._past_reservation:  # a failed commit may have lost the last indices taken
+            self._past_reservation.discard(uid)
+            next_step = max(next_step, reserved)
         return Trajectory(uid, prompt_uid, channel, n_rollouts, json.loads(metadata), version, backend, next_step,
-                          published, status, json.loads(conversation) if conversation else None, created_at,
-                          None if context_ids is None else _unpack_ids(context_ids), context_step,
+                          reserved, published, status, json.loads(conversation) if conversation else None,
+                          created_at, None if context_ids is None else _unpack_ids(context_ids), context_step,
                           _acknowledged(acknowledged, published))
 
     async def write(self, change: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -241,12 +233,17 @@ class TrajectoryStore:
         return result
 
     def _locked(self, change: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, Any]:
-        """The change and the batch it queued in, under one hold of the lock (re-entered when held already)."""
+        """The change and the batch it queued in (None: it queued nothing, so it waits for no commit), under
+        one hold of the lock (re-entered when held already)."""
         with self._lock:
-            return change(*args, **kwargs), self._commits.open_batch()
+            queued = self._commits.changes
+            result = change(*args, **kwargs)
+            return result, self._commits.open_batch() if self._commits.changes > queued else None
 
     def _forget(self, trajectory_uids: set[str]) -> None:
-        """A group commit failed: these trajectories are read again from the disk, whose state is the truth."""
+        """A group commit failed: these trajectories are read again from the disk, whose state is the truth,
+        past their reservation."""
+        self._past_reservation |= trajectory_uids
         self._snapshots.drop(list(trajectory_uids))
 
     def get(self, trajectory_uid: str) -> Trajectory | None:
@@ -275,7 +272,7 @@ class TrajectoryStore:
         with self._lock:
             self._commits.commit()
             self._db.execute(
-                "INSERT INTO trajectories VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,NULL,NULL)",
+                "INSERT INTO trajectories VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,NULL,NULL,NULL)",
                 (trajectory.trajectory_uid, trajectory.prompt_uid, trajectory.channel, trajectory.n_rollouts,
                  json.dumps(trajectory.metadata), trajectory.policy_version, trajectory.backend,
                  trajectory.next_step, trajectory.published_steps, trajectory.status, None, now, now))
@@ -297,17 +294,24 @@ class TrajectoryStore:
             self._snapshots.change(trajectory_uid, **values)
 
     def take_steps(self, trajectory_uid: str, count: int) -> int:
-        """Take the next ``count`` step indices of an open trajectory for good (queued: ``write`` awaits the
-        commit before the steps are sent); returns the first."""
+        """Take the next ``count`` step indices of an open trajectory for good; returns the first. Past the
+        disk's reservation, ``RESERVED_STEPS`` more are reserved (queued: ``write`` awaits the commit before
+        the steps are sent); within it, the index is written with the next commit (``GroupCommit.defer``)."""
         with self._lock:  # a status change holds it too: an index is never taken past the trajectory's end
             trajectory = self.get(trajectory_uid)
             if trajectory is None or trajectory.status != OPEN:
                 raise LookupError(f"trajectory {trajectory_uid} is not open")
-            first = trajectory.next_step
-            self._commits.queue(trajectory_uid, (
-                "UPDATE trajectories SET next_step = ?, updated_at = ? WHERE trajectory_uid = ?",
-                (first + count, time.time(), trajectory_uid)))
-            self._snapshots.change(trajectory_uid, next_step=first + count)
+            first, reserved = trajectory.next_step, trajectory.reserved_steps
+            if first + count > reserved:
+                reserved = first + count + RESERVED_STEPS
+                self._commits.queue(trajectory_uid, (
+                    "UPDATE trajectories SET next_step = ?, reserved_steps = ?, updated_at = ? "
+                    "WHERE trajectory_uid = ?", (first + count, reserved, time.time(), trajectory_uid)))
+            else:  # reserved for good already: written with the next commit, awaited by nobody
+                self._commits.defer(trajectory_uid, (
+                    "UPDATE trajectories SET next_step = ?, updated_at = ? WHERE trajectory_uid = ?",
+                    (first + count, time.time(), trajectory_uid)))
+            self._snapshots.change(trajectory_uid, next_step=first + count, reserved_steps=reserved)
         return first
 
     def record_published(self, trajectory_uid: str, first: int, count: int, conversation: list[dict[str, Any]],
@@ -395,6 +399,7 @@ class TrajectoryStore:
         self._checkpointer.close()
         with self._lock:
             self._commits.commit()
+            self._db.execute("UPDATE trajectories SET reserved_steps = next_step WHERE reserved_steps > next_step")
             self._db.close()
         log.info("trajectory state closed path=%s changes=%d commits=%d", self.path, self._commits.changes,
                  self._commits.commits)

@@ -12,6 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from trajbus.consumers import BatchConsumer
+from trajbus.gateway.state.trajectories import RESERVED_STEPS
 from trajbus.infra.tiny_model import WEATHER_TOOL
 from trajbus.infra.topics import describe_topics, ensure_topics
 from trajbus.streams.client.policy import PolicyVersionPublisher
@@ -378,7 +379,7 @@ def test_sigkill_mid_trajectory_and_restart_continues_the_same_trajectories(
         [group] = fetch_groups(consumer, 1, timeout=60)
     for t in trajectories:
         steps = [s for s in group.steps if s.trajectory_uid == t["trajectory_uid"]]
-        assert [s.step_index for s in steps] == [0, 1, 2, 3]
+        assert [s.step_index for s in steps] == [0, 1, 1 + RESERVED_STEPS, 2 + RESERVED_STEPS]  # past the killed
         assert [s.metadata["i"] for s in steps] == [t_index := trajectories.index(t)] * 4, t_index
         assert steps[-1].reward == 1.0
 

@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 
 from trajbus.consumers import BatchConsumer
 from trajbus.consumers.backends import VerlBackend
+from trajbus.gateway.state.trajectories import RESERVED_STEPS
 from trajbus.infra import tiny_model
 from trajbus.infra.tiny_model import WEATHER_TOOL
 from trajbus.pipelines.processes import free_port
@@ -114,8 +115,11 @@ def test_turns_extend_exactly_the_sampled_tokens_plain_streamed_out_of_memory_an
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     by_trajectory = [[s for s in steps if s.trajectory_uid == t["trajectory_uid"]] for t in (first, second)]
     assert received(record) == [s.prompt_ids for trajectory in by_trajectory for s in trajectory]
+    # The first went on past the killed gateway's reservation (its indices may have been sent); the second, out
+    # of memory between its turns but never killed, has none skipped.
+    assert [[s.step_index for s in t] for t in by_trajectory] == [[0, 1 + RESERVED_STEPS, 2 + RESERVED_STEPS],
+                                                                  [0, 1, 2]]
     for trajectory in by_trajectory:
-        assert [s.step_index for s in trajectory] == [0, 1, 2]
         assert_token_consistent(trajectory)
         for step, reply in zip(trajectory, REPLIES):
             canonical = tokenizer.encode(reply, add_special_tokens=False)
