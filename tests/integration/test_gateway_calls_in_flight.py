@@ -33,14 +33,20 @@ async def open_trajectories(session: aiohttp.ClientSession, gateway: str) -> lis
     return list(await asyncio.gather(*(one(k) for k in range(CALLS))))
 
 
+def session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=300))
+
+
 async def call_all(gateway: str) -> list[tuple[int, str]]:
-    """Every agent's call at once; (status, content or error) of each."""
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                     timeout=aiohttp.ClientTimeout(total=300)) as session:
-        base_urls = await open_trajectories(session, gateway)
+    """Every agent's call at once; (status, content or error) of each. The calls go on connections of their own:
+    one the trajectories were opened on may sit idle past the server's keep-alive (5 s) while the last of 2,048
+    are opened, and a request sent as the server closes it gets no answer (aiohttp's ServerDisconnectedError)."""
+    async with session() as opening:
+        base_urls = await open_trajectories(opening, gateway)
+    async with session() as calling:
 
         async def call(base_url: str) -> tuple[int, str]:
-            async with session.post(f"{base_url}/chat/completions", json={
+            async with calling.post(f"{base_url}/chat/completions", json={
                     "model": "tiny", "messages": [{"role": "user", "content": "What is 3 + 1?"}]}) as r:
                 body = await r.json()
                 return r.status, body["choices"][0]["message"]["content"] if r.status == 200 else str(body)
