@@ -21,8 +21,8 @@ past it awaits; within it, a call's index rides in the next commit and nothing i
 awaited. A gateway killed (or whose commit failed) continues past the reservation:
 a gap, which the acknowledged list leaves out; one closed in order leaves none.
 
-The indices the broker did acknowledge are kept (``acknowledged``); the trajectory's end names them, and the
-worker assembles exactly those steps, so a gap is never waited for and an
+The indices the broker did acknowledge are kept (``acknowledged``); the
+trajectory's end names them, and the worker assembles exactly those steps, so a gap is never waited for and an
 unacknowledged record never reaches the trainer.
 
 Completing works the same way: ``completing`` is entered before the end is
@@ -200,6 +200,8 @@ class TrajectoryStore:
         self._past_reservation: set[str] = set()
         """Trajectories whose last indices taken a failed commit may have lost: read again, they continue past
         their reservation."""
+        self._lost_commits = False
+        """A commit failed: the disk's ``next_step`` may be behind what was sent, so ``close`` keeps reservations."""
         # The gateway before this one, killed, may have sent indices it took and never committed: past them.
         self._db.execute("UPDATE trajectories SET next_step = reserved_steps WHERE reserved_steps > next_step")
         self._commits = GroupCommit(self._db, self._lock, self._writer, on_failure=self._forget)
@@ -244,6 +246,7 @@ class TrajectoryStore:
         """A group commit failed: these trajectories are read again from the disk, whose state is the truth,
         past their reservation."""
         self._past_reservation |= trajectory_uids
+        self._lost_commits = True
         self._snapshots.drop(list(trajectory_uids))
 
     def get(self, trajectory_uid: str) -> Trajectory | None:
@@ -399,7 +402,8 @@ class TrajectoryStore:
         self._checkpointer.close()
         with self._lock:
             self._commits.commit()
-            self._db.execute("UPDATE trajectories SET reserved_steps = next_step WHERE reserved_steps > next_step")
+            if not self._lost_commits:  # every index taken is on disk: the next gateway skips none
+                self._db.execute("UPDATE trajectories SET reserved_steps = next_step WHERE reserved_steps > next_step")
             self._db.close()
         log.info("trajectory state closed path=%s changes=%d commits=%d", self.path, self._commits.changes,
                  self._commits.commits)

@@ -160,18 +160,25 @@ def test_an_index_whose_commit_failed_is_never_taken_again(tmp_path):
     with sqlite3.connect(store.path) as db:  # the second call's commit fails, as on a full disk
         db.execute("CREATE TRIGGER full BEFORE UPDATE ON trajectories WHEN NEW.published_steps = 2 "
                    "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
-    store.create(Trajectory("t1", "p", "train"))
+    for uid in ("t1", "t2"):
+        store.create(Trajectory(uid, "p", "train"))
 
-    async def call() -> int:
-        first = await store.write(store.take_steps, "t1", 1)
-        await store.write(store.record_published, "t1", first, 1, [], "http://a:1", [1], first)
+    async def call(uid: str) -> int:
+        first = await store.write(store.take_steps, uid, 1)
+        await store.write(store.record_published, uid, first, 1, [], "http://a:1", [1], first)
         return first
 
     try:
-        assert asyncio.run(call()) == 0
-        with pytest.raises(sqlite3.IntegrityError):
-            asyncio.run(call())  # index 1 was sent; its take was in the batch that failed
-        assert store.take_steps("t1", 1) == 1 + RESERVED_STEPS
+        for uid in ("t1", "t2"):
+            assert asyncio.run(call(uid)) == 0
+            with pytest.raises(sqlite3.IntegrityError):
+                asyncio.run(call(uid))  # index 1 was sent; its take was in the batch that failed
+        assert store.take_steps("t1", 1) == 1 + RESERVED_STEPS  # read again, in this process
         assert store.get("t1").acknowledged == [0]
+    finally:
+        store.close()
+    store = TrajectoryStore(tmp_path)
+    try:  # closed in order after the failure: t2's index 1 is still never handed out again
+        assert store.take_steps("t2", 1) == 1 + RESERVED_STEPS
     finally:
         store.close()
