@@ -12,8 +12,12 @@ in service. Definite failures still take it out at once:
 - a probe refused, broken or answered with another status than 200: the
   process is gone or says it is unwell. Its earlier answers no longer count:
   only a passing probe, or an answer received after this, puts it back;
-- a call that got no answer (``BackendPool._refused``): out at once, as before;
-  the next probe decides (a slow one with recent answers puts it back).
+- a call refused a connection (``BackendPool._refused``): out at once, as before;
+  the next probe decides (a slow one with recent answers puts it back);
+- a call whose new connection the engine closed before answering: out only when it
+  has shown no other sign of life lately. An engine behind on its event loop closes
+  connections it cannot serve in time (at thousands of calls in flight); taking the
+  only engine out for that failed every other call in flight until the next probe.
 
 Calls answered with an error (5xx, a broken stream) are counted by the pool but
 take no backend out while its probe passes, as before; they are no sign of life
@@ -98,6 +102,12 @@ class Liveness:
         """A call got no answer at all (refused, reset, no connection in time): out until the next probe."""
         was_in, self.in_service = self.in_service, False
         return Change.TAKEN_OUT if was_in else None
+
+    def lost(self, now: float) -> Change | None:
+        """A call's connection was closed before any answer (not refused): out unless it answered lately."""
+        was_in = self.in_service
+        self.in_service = was_in and now - self.alive_at <= self.window
+        return Change.TAKEN_OUT if was_in and not self.in_service else None
 
     def answered_ago(self, now: float) -> float:
         """Seconds since its last answer (``inf`` if none counts)."""

@@ -8,7 +8,10 @@ takes out no backend that answered lately (``gateway.engine.health``: a busy eng
 is not a dead one). A request is retried on another backend when
 no answer came from the first: the connection could not be made, or it broke
 before any response (a server closing its idle keep-alive connections as it
-shuts down does this to a request sent at that moment). A generation has no
+shuts down does this to a request sent at that moment). A kept-alive connection
+lost so is retried once on the same backend, on a connection of its own: at
+thousands of calls in flight the gateway reads answers late, so more than one
+pooled connection may be one the engine has timed out. A generation has no
 effect outside its answer (the Step is published from the answer the gateway
 got), so the only cost of such a retry is engine time; a backend that answered,
 or broke off mid-answer, is an error, never repeated.
@@ -133,6 +136,8 @@ class BackendPool:
         """The engine calls' client, made by ``start`` on the event loop it serves."""
         self._probes: aiohttp.ClientSession | None = None
         """The health probes' own client: a probe never waits behind the calls for a connection."""
+        self._fresh: aiohttp.ClientSession | None = None
+        """A call's retry after a lost connection: a new connection each time (closed after), never a pooled one."""
         self._health_task: asyncio.Task | None = None
 
     # -- health -----------------------------------------------------------------
@@ -184,10 +189,12 @@ class BackendPool:
         Each engine gets at most ``connections_per_engine`` connections; a call beyond waits for one, and the wait
         is not timed: aiohttp's ``connect`` timeout would count it, and calls failed as if the engine were down
         (at 2,048 calls in flight). Only the socket's connect is timed (``sock_connect``)."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_SECONDS, sock_read=self.timeout)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=self.connections_per_engine,
-                                           keepalive_timeout=KEEPALIVE_SECONDS),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_SECONDS, sock_read=self.timeout))
+                                           keepalive_timeout=KEEPALIVE_SECONDS), timeout=timeout)
+        self._fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True),
+                                            timeout=timeout)
         self._probes = aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_SECONDS))
 
         async def loop() -> None:
@@ -200,7 +207,7 @@ class BackendPool:
     async def close(self) -> None:
         if self._health_task is not None:
             self._health_task.cancel()
-        for session in (self.session, self._probes):
+        for session in (self.session, self._fresh, self._probes):
             if session is not None:
                 await session.close()
 
@@ -234,30 +241,36 @@ class BackendPool:
                 self._sticky.pop(next(iter(self._sticky)))
 
     def _refused(self, backend: Backend, exc: Exception) -> None:
+        """No answer at all: refused, out at once; a new connection lost unanswered, out unless it answered
+        lately (``Liveness.lost``)."""
         backend.failures += 1
         backend.last_error = f"{type(exc).__name__}: {exc}"
-        self._changed(backend, backend.liveness.refused(), time.monotonic())
+        now = time.monotonic()
+        self._changed(backend, backend.liveness.lost(now) if lost_connection(exc) else backend.liveness.refused(),
+                      now)
 
     async def _send(self, body: dict[str, Any], preferred: str | None
                     ) -> tuple[Backend, aiohttp.ClientResponse]:
         payload = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
         tried: set[str] = set()
         reconnected = False  # one lost connection is retried on the same engine, on a new one
+        session = self.session
         while True:
             backend = self.pick(preferred, exclude=tried)
             tried.add(backend.address)
             backend.in_flight += 1
             backend.requests += 1
             try:
-                response = await self.session.post(f"{backend.address}/v1/completions", data=payload,
-                                                   headers=JSON_HEADERS)
+                response = await session.post(f"{backend.address}/v1/completions", data=payload,
+                                              headers=JSON_HEADERS)
             except NO_ANSWER as exc:  # nothing came back: safe to try another backend
                 backend.in_flight -= 1
                 if lost_connection(exc) and not reconnected:
-                    reconnected, preferred = True, backend.address
+                    reconnected, preferred, session = True, backend.address, self._fresh or self.session
                     tried.discard(backend.address)
                     continue
                 self._refused(backend, exc)
+                session = self.session
                 continue
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 backend.in_flight -= 1

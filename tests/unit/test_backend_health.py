@@ -103,3 +103,12 @@ def test_a_backend_whose_calls_fail_and_probe_is_slow_goes_out_after_the_window(
     backend = in_service(0.0)  # no call answered 200 from here on
     assert backend.probed(ProbeResult.SLOW, 6.0) is Change.KEPT_IN
     assert backend.probed(ProbeResult.SLOW, 12.0) is Change.TAKEN_OUT
+
+
+def test_a_lost_connection_takes_out_only_a_backend_with_no_answer_lately():
+    backend = in_service(0.0)
+    backend.answered(5.0)
+    assert backend.lost(5.0 + WINDOW) is None and backend.in_service  # busy, answering: kept
+    assert backend.lost(5.0 + WINDOW + 0.1) is Change.TAKEN_OUT and not backend.in_service
+    assert backend.lost(6.0) is None and not backend.in_service  # a loss never puts one back
+    assert backend.probed(ProbeResult.PASSED, 20.0) is Change.BACK_IN

@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator
 import httpx
 import orjson
 import pytest
-from aiohttp import ClientSession, web
+from aiohttp import ClientSession, TCPConnector, web
 
 from trajbus.gateway.engine.health import ProbeResult
 from trajbus.gateway.engine.pool import BackendError, BackendPool, NoBackendAvailable
@@ -161,6 +161,8 @@ class Engine:
         """Each completion request's client address: one per connection."""
         self.drop = 0
         """Completion requests whose connection is closed unanswered (a server timing out a kept-alive one)."""
+        self.stale: set[tuple] = set()
+        """Client addresses whose next request is closed unanswered: kept-alive connections the server timed out."""
         self.address = ""
         self.runner: web.AppRunner | None = None
 
@@ -171,11 +173,13 @@ class Engine:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         if self.status != 200:
             return web.json_response({"error": "engine fault"}, status=self.status)
-        if self.drop:
-            self.drop -= 1
+        peer = request.transport.get_extra_info("peername")
+        if self.drop or peer in self.stale:
+            self.drop = max(0, self.drop - 1)
+            self.stale.discard(peer)
             request.transport.close()
             return web.Response()  # never sent: the connection is gone
-        self.peers.append(request.transport.get_extra_info("peername"))
+        self.peers.append(peer)
         choice = {"index": 0, "text": "4", "finish_reason": "stop",
                   "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5]}}
         if not (await request.json()).get("stream"):
@@ -199,6 +203,7 @@ class Engine:
         self.address = "http://127.0.0.1:%d" % self.runner.addresses[0][1]
         pool = BackendPool([self.address], **pool_options)
         pool.session, pool._probes = ClientSession(), ClientSession()  # as start() makes them, no probe loop
+        pool._fresh = ClientSession(connector=TCPConnector(force_close=True))
         try:
             yield pool
         finally:
@@ -277,17 +282,28 @@ def test_streams_read_to_done_keep_one_connection_even_when_the_body_ends_later(
     asyncio.run(run())
 
 
-def test_a_connection_the_engine_closes_unanswered_is_retried_once_and_the_engine_stays_in():
+def test_a_connection_the_engine_closes_unanswered_is_retried_once_on_a_new_one_and_the_engine_stays_in():
     """Under load an engine's server times out a kept-alive connection as the next request goes out on it: the
-    call is sent again on another connection, and the engine is not taken out; a second loss in a row is."""
+    call is sent again on a connection of its own (not another pooled one, which may be timed out too), and the
+    engine is not taken out. A second loss in a row fails that call alone while the engine answered lately (one
+    busy engine taken out failed every call in flight until its next probe); with no answer for a window, out."""
     async def run() -> None:
         engine = Engine()
         async with engine.serving() as pool:
             backend = pool.backends[engine.address]
             assert await pool.check(backend)
-            engine.drop = 1
+            await asyncio.gather(pool.complete([1], {}), pool.complete([1], {}))  # two connections kept alive
+            engine.stale = set(engine.peers)  # both timed out by the engine's server
             _, [answer] = await pool.complete([1], {})
             assert answer.token_ids == [7] and backend.liveness.in_service and backend.failures == 0
+            assert engine.peers[-1] not in engine.peers[:2]  # the retry's own connection, not the other pooled one
+            engine.drop = 2
+            with pytest.raises(NoBackendAvailable):
+                await pool.complete([1], {})
+            assert backend.liveness.in_service and backend.failures == 1 and engine.drop == 0
+            _, [answer] = await pool.complete([1], {})  # the next call is served
+            assert answer.token_ids == [7]
+            backend.liveness.alive_at -= 1000  # no answer for a window: a lost connection now takes it out
             engine.drop = 2
             with pytest.raises(NoBackendAvailable):
                 await pool.complete([1], {})
