@@ -11,7 +11,7 @@ pauses. Here the engine (``infra.scripted_engine``) paces its 300-token replies 
    (every process of the run shares its cores; the gateway's CPU per call is printed beside it).
 2. The level: ``agents = --load x capacity x call duration`` (a call takes ~5 s, so 100 calls/s of
    capacity at 80 % are 400 agents), at most ``--max-agents`` (the paced engine is one Python process
-   whose threads wake 60 times a second per call in flight, on the cores the gateway uses too: the cap
+   whose threads wake once a stream interval per call in flight, on the cores the gateway uses too: the cap
    keeps a small machine's figures the gateway's, not a starved engine's; the table says when it applied).
    Each agent runs ``gateway_workload``'s 10-turn conversations, one non-streaming chat call after another,
    through its trajectory's black-box ``base_url``; the agents start spread over one call's duration so

@@ -90,8 +90,10 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def sample(self, prompt_ids: list[int], params: SamplingParams, generator,
-               on_token: Callable[[int, float, str], None] | None = None) -> EngineSample:
-        """One completion; ``on_token(id, logprob, text_so_far)`` after every sampled token."""
+               on_token: Callable[[int, float, str], None] | None = None,
+               aborted: threading.Event | None = None) -> EngineSample:
+        """One completion; ``on_token(id, logprob, text_so_far)`` after every sampled token (which raises once
+        ``aborted``, set when the client went away, is: every token is handed on here, so it is not read)."""
         import torch
 
         if len(prompt_ids) + params.max_tokens > self.max_length:
@@ -199,7 +201,8 @@ class ServedModel:
         def work() -> list[EngineSample]:
             generator = engine.generator(params.seed)
             return [engine.sample(prompt_ids, params, generator,
-                                  None if on_token is None else (lambda t, lp, text, i=i: token(i, t, lp, text)))
+                                  None if on_token is None else (lambda t, lp, text, i=i: token(i, t, lp, text)),
+                                  aborted)
                     for i in range(n)]
 
         return await loop.run_in_executor(engine.executor, work)

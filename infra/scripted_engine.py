@@ -11,7 +11,8 @@ ended by EOS, and every prompt it received can be appended to a JSON-lines file.
 A reply may also be ``{"text": ..., "delay": seconds}`` (a slow call),
 ``{"text": ..., "token_delay": seconds}`` (a slow generation: that long before
 each token, so a weight update can cut it mid-response; on a schedule from the call's start, so a
-generation lasts its tokens x the delay even when many at once wake late) or ``{"fail": message,
+generation lasts its tokens x the delay even when many at once wake late; its thread wakes only when the
+server hands tokens on, once a stream interval, so a thousand paced calls do not starve the host's cores) or ``{"fail": message,
 "delay": seconds}`` (a call the engine fails with HTTP 500), so tests can script
 an engine's faults. Two more misbehave as a broken engine or proxy would, to a
 streaming request only (``Misbehaving``; meant for scripts served one call at a
@@ -197,7 +198,10 @@ class ScriptedEngine:
         return None
 
     def sample(self, prompt_ids: list[int], params: SamplingParams, generator: None,
-               on_token: Callable[[int, float, str], None] | None = None) -> EngineSample:
+               on_token: Callable[[int, float, str], None] | None = None,
+               aborted: threading.Event | None = None) -> EngineSample:
+        """``aborted``: set when the client went away; a paced generation waiting for its next hand-off stops
+        waiting, so its cut is known (and continued by the next request) at once."""
         with self._lock:
             reply, start = self._continued(prompt_ids) or (self._next_reply(), 0)
             if self._record is not None:
@@ -215,9 +219,16 @@ class ScriptedEngine:
         values: list[float] = []
         streamed = ""
         paced_from = time.monotonic()
+        interval = params.stream_interval if on_token is not None else None
         for k, token in enumerate(ids):
-            if reply.token_delay:  # token k is due k + 1 delays after the start: a late wakeup does not delay the rest
-                time.sleep(max(0.0, paced_from + (k + 1) * reply.token_delay - time.monotonic()))
+            if reply.token_delay and _handed_on(k, len(ids), interval):
+                # token k is due k + 1 delays after the start (a late wakeup does not delay the rest); the thread
+                # wakes only when the server hands tokens on, as a GPU engine costs its host no wake-up a token
+                due = max(0.0, paced_from + (k + 1) * reply.token_delay - time.monotonic())
+                if aborted is None:
+                    time.sleep(due)
+                else:  # woken when the client goes away: on_token raises, and the cut is known at once
+                    aborted.wait(due)
             values.append(log_prob(start + k, self.loads))  # the weights this token is sampled with
             with self._lock:  # several generations at once (--workers)
                 self.sampled_tokens += 1
@@ -232,6 +243,12 @@ class ScriptedEngine:
                     self._cut.append((list(prompt_ids), reply))
                 raise
         return EngineSample(list(ids), values, text, finish)
+
+
+def _handed_on(k: int, count: int, interval: int | None) -> bool:
+    """Whether the server hands token ``k`` of ``count`` on as it is sampled: the first and each ``interval``-th
+    after it (``engine_requests.TokenBatches``), and the last; of a whole answer (``interval`` None) the last only."""
+    return k == count - 1 or (interval is not None and k % interval == 0)
 
 
 TIMINGS_KEPT = 200_000
