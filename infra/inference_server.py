@@ -92,8 +92,8 @@ class Engine:
     def sample(self, prompt_ids: list[int], params: SamplingParams, generator,
                on_token: Callable[[int, float, str], None] | None = None,
                aborted: threading.Event | None = None) -> EngineSample:
-        """One completion; ``on_token(id, logprob, text_so_far)`` after every sampled token (which raises once
-        ``aborted``, set when the client went away, is: every token is handed on here, so it is not read)."""
+        """One completion; ``on_token(id, logprob, text_so_far)`` after every sampled token. ``aborted`` (set
+        when the client went away) is not read here: ``on_token`` raises once it is set, and runs every token."""
         import torch
 
         if len(prompt_ids) + params.max_tokens > self.max_length:

@@ -12,8 +12,8 @@ A reply may also be ``{"text": ..., "delay": seconds}`` (a slow call),
 ``{"text": ..., "token_delay": seconds}`` (a slow generation: that long before
 each token, so a weight update can cut it mid-response; on a schedule from the call's start, so a
 generation lasts its tokens x the delay even when many at once wake late; its thread wakes only when the
-server hands tokens on, once a stream interval, so a thousand paced calls do not starve the host's cores) or ``{"fail": message,
-"delay": seconds}`` (a call the engine fails with HTTP 500), so tests can script
+server hands tokens on, once a stream interval, so a thousand paced calls do not starve the host's cores)
+or ``{"fail": message, "delay": seconds}`` (a call the engine fails with HTTP 500), so tests can script
 an engine's faults. Two more misbehave as a broken engine or proxy would, to a
 streaming request only (``Misbehaving``; meant for scripts served one call at a
 time): ``{"text": ..., "unstreamed": "whole"}`` answers one ``application/json``
