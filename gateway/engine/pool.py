@@ -193,8 +193,9 @@ class BackendPool:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=self.connections_per_engine,
                                            keepalive_timeout=KEEPALIVE_SECONDS), timeout=timeout)
-        self._fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True),
-                                            timeout=timeout)
+        self._fresh = aiohttp.ClientSession(  # retries: rare, each on a connection opened for it
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=self.connections_per_engine, force_close=True),
+            timeout=timeout)
         self._probes = aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_SECONDS))
 
         async def loop() -> None:
@@ -266,7 +267,7 @@ class BackendPool:
             except NO_ANSWER as exc:  # nothing came back: safe to try another backend
                 backend.in_flight -= 1
                 if lost_connection(exc) and not reconnected:
-                    reconnected, preferred, session = True, backend.address, self._fresh or self.session
+                    reconnected, preferred, session = True, backend.address, self._fresh
                     tried.discard(backend.address)
                     continue
                 self._refused(backend, exc)
