@@ -65,7 +65,7 @@ from trajbus.streams.wire.records import Step
 STREAM_COST_LEVELS = {1: 10, 32: 1}
 """Agents: rounds of their conversations per phase, in the cut-and-continue / when-asked comparison (one
 agent: each call's engine events are read one by one, none batched with another call's; 100 calls a
-phase, as the kernel counts CPU in 10 ms ticks)."""
+phase, an average over many calls)."""
 STREAM_COST_PHASES = 3
 """Phases of each gateway, alternating, in the cut-and-continue / when-asked comparison (median of each)."""
 LEVEL_PHASES = 3

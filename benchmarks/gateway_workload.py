@@ -16,8 +16,8 @@ LEVELS = (1, 32, 256)
 FLEET_LEVELS = (32, 256)
 FLEET_INSTANCES = 2
 TURN_CONVERSATIONS = 100
-"""Conversations of the per-turn CPU phase: each turn's phase is this many calls (the kernel counts
-CPU in 10 ms ticks, so a per-call figure is exact to 0.1 ms at 100 calls, to 0.25 ms at 40)."""
+"""Conversations of the per-turn CPU phase: each turn's phase is this many calls, read to the nanosecond
+(``benchmarks.cpu_meter``; read in the kernel's 10 ms ticks, a per-call figure was exact only to 0.1 ms)."""
 TURN_SWEEPS = 3
 """Sweeps of every turn in the per-turn CPU phase (new conversations each), the median reported per turn."""
 PROCESSES = ("gateway", "engine", "broker", "client")
