@@ -2,12 +2,11 @@
 
 A benchmark on a 2-core machine shares both cores between the broker, the engine, the
 gateway and its own client, so wall time per call says little about who pays for a call.
-Each named process is read with psutil (``/proc/<pid>/stat``: all its threads, plus its live
-descendants); the benchmark client is this process, read with ``time.process_time()``. The
-kernel reports ``/proc`` times in clock ticks (10 ms on Linux): a 100-call phase of 2.5 ms calls read that way
-is exact only to 4 %. So each live process is read by its CPU-time clock instead (``clock_gettime`` of
-``CPUCLOCK_SCHED``: the scheduler's nanoseconds of all its threads, ended ones too), and only children already
-reaped by ticks. A per-call figure is still an average over a phase's calls, never one call's reading.
+Each named process and its live descendants (listed by psutil) are read by their CPU-time clocks
+(``clock_gettime`` of Linux's ``CPUCLOCK_SCHED``: the scheduler's nanoseconds of all their threads, ended ones
+too); only children already reaped are counted from ``/proc``, in clock ticks (10 ms), which would make a 100-call
+phase of 2.5 ms calls exact only to 4 %. The benchmark client is this process, read with ``time.process_time()``.
+A per-call figure is still an average over a phase's calls, never one call's reading.
 """
 
 from __future__ import annotations
