@@ -118,6 +118,7 @@ class GatewayService:
         await self.sweeper.close()
         await asyncio.to_thread(self.pacing.close)
         await self.backends.close()
+        self.tokenizer.close()  # no call is left to encode
         await asyncio.to_thread(self.kafka.close)
         await asyncio.to_thread(self.served.close)
         if self.tracing is not None:  # the last calls' spans out

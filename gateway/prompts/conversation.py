@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
+from trajbus.gateway.prompts.encoder_thread import inline
 from trajbus.gateway.prompts.token_ids import TokenIds, packed
 
 CUMULATIVE, RENDER = "cumulative", "render"
@@ -78,10 +79,11 @@ def _overlap(context_ids: TokenIds, closing_ids: TokenIds) -> int:
 class PromptBuilder:
     """Prompt ids of one call from the messages and the trajectory's token state."""
 
-    def __init__(self, tokenizer: Any, mode: str = CUMULATIVE) -> None:
+    def __init__(self, tokenizer: Any, mode: str = CUMULATIVE, run: Callable[..., Any] = inline) -> None:
+        """``run``: how an encode is run (``EncoderThread.run``: on a thread of its own; else on the caller's)."""
         if mode not in MULTI_TURN_MODES:
             raise ValueError(f"multi_turn: must be one of {MULTI_TURN_MODES}, got {mode!r}")
-        self.tokenizer, self.mode = tokenizer, mode
+        self.tokenizer, self.mode, self.run = tokenizer, mode, run
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         """A fast tokenizer's own encoder (Hugging Face ``tokenizers``), called directly: the same ids as
         ``tokenizer.encode``, without the batch wrapping transformers adds at every call."""
@@ -94,6 +96,9 @@ class PromptBuilder:
                                                   add_generation_prompt=generation_prompt)
 
     def _encode(self, text: str) -> TokenIds:
+        return self.run(self._encode_here, text)
+
+    def _encode_here(self, text: str) -> TokenIds:
         if self._backend is not None:
             return packed(self._backend.encode(text, add_special_tokens=False).ids)
         return packed(self.tokenizer.encode(text, add_special_tokens=False))
