@@ -75,7 +75,8 @@ class ChatTokenizer:
         self.error: str | None = None
         self._loaded = threading.Event()
         self.encoder = EncoderThread()
-        """Where the prompts' encodes run: on a heap apart from the event loop's (``gateway.prompts.encoder_thread``)."""
+        """Where the prompts' encodes run: on a heap apart from the event loop's
+        (``gateway.prompts.encoder_thread``)."""
 
     def load_in_background(self) -> threading.Thread:
         thread = threading.Thread(target=self._load, name="tokenizer-load", daemon=True)

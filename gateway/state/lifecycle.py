@@ -93,6 +93,14 @@ def lineage(previous: int | None, first_step: int, choice: int, new_segment: boo
     return {}
 
 
+def new_trajectory_uid() -> str:
+    """144 random bits (unguessable), URL-safe, never beginning with ``-``: a command line reads such an argument
+    as an option (``trajbus trace UID`` refused one uid in 64)."""
+    while (uid := secrets.token_urlsafe(18)).startswith("-"):
+        pass
+    return uid
+
+
 class TrajectoryLifecycle:
     """The rules of a trajectory's life, over its stored state."""
 
@@ -124,7 +132,7 @@ class TrajectoryLifecycle:
                    metadata: dict[str, Any] | None, policy_version: int | None, wait: float = 0.0) -> Trajectory:
         if not prompt_uid:
             raise missing_prompt_uid()
-        trajectory = Trajectory(trajectory_uid=secrets.token_urlsafe(18),  # 144 random bits: unguessable
+        trajectory = Trajectory(trajectory_uid=new_trajectory_uid(),
                                 prompt_uid=prompt_uid, channel=await self.channel(channel), n_rollouts=n_rollouts,
                                 metadata=checked_metadata(metadata), policy_version=policy_version)
         await self.pacing.admit(trajectory.trajectory_uid, trajectory.channel, trajectory.prompt_uid,
