@@ -28,6 +28,7 @@ from trajbus.gateway.fleet import BACKLOG, GatewayFleet
 from trajbus.gateway.prompts.tokenizer import check_tokenizer_path
 from trajbus.gateway.service import GatewayService
 from trajbus.infra import ray_exit
+from trajbus.infra.allocator import run_on
 from trajbus.infra.collector import tune_for_serving
 from trajbus.infra.kafka_config import KafkaConfigError, apply_connection_arguments
 from trajbus.infra.logs import configure_logging
@@ -138,6 +139,8 @@ def serve(settings: GatewaySettings, sockets: list[socket.socket] | None = None)
         check_tokenizer_path(settings.tokenizer_path)
     except ValueError as exc:  # no such folder, no tokenizer in it: before anything starts
         return refused(exc)
+    if sockets is None:  # a fleet's instance is forked on it already
+        run_on(settings.allocator)  # the same command again, on its allocator; returns only when it cannot (saying why)
     if settings.instances > 1:
         try:
             return GatewayFleet(settings, serve).run()

@@ -21,7 +21,8 @@ import time
 from typing import Callable
 
 from trajbus.gateway.prompts.conversation import CUMULATIVE, PromptBuilder
-from trajbus.gateway.prompts.encoder_thread import EncoderThread
+from trajbus.gateway.prompts.encoder_thread import EncoderThread, inline
+from trajbus.infra.allocator import mimalloc_active
 from trajbus.infra.collector import freeze_loaded
 from trajbus.infra.tokenizer_loading import load_tokenizer
 
@@ -74,9 +75,10 @@ class ChatTokenizer:
         self._prompts: PromptBuilder | None = None
         self.error: str | None = None
         self._loaded = threading.Event()
-        self.encoder = EncoderThread()
-        """Where the prompts' encodes run: on a heap apart from the event loop's
-        (``gateway.prompts.encoder_thread``)."""
+        self.encoder = None if mimalloc_active() else EncoderThread()
+        """Where the prompts' encodes run under glibc: on a heap apart from the event loop's
+        (``gateway.prompts.encoder_thread``); under mimalloc (``infra.allocator``) no heap is slow to share, and
+        they run on the caller's thread, without a hand-off."""
 
     def load_in_background(self) -> threading.Thread:
         thread = threading.Thread(target=self._load, name="tokenizer-load", daemon=True)
@@ -89,7 +91,8 @@ class ChatTokenizer:
             tokenizer = load_tokenizer(self.path, self.without_torch)
             if not getattr(tokenizer, "chat_template", None):
                 raise ValueError("it has no chat template (the gateway renders conversations with it)")
-            self._prompts = PromptBuilder(tokenizer, self.multi_turn, self.encoder.run)
+            self._prompts = PromptBuilder(tokenizer, self.multi_turn,
+                                          inline if self.encoder is None else self.encoder.run)
             freeze_loaded()  # the tokenizer lives as long as the server: no full collection walks it again
             self._tokenizer = tokenizer
             log.info("tokenizer loaded path=%s vocab=%d seconds=%.2f", self.path, len(tokenizer),
@@ -104,7 +107,8 @@ class ChatTokenizer:
             self._loaded.set()
 
     def close(self) -> None:
-        self.encoder.close()
+        if self.encoder is not None:
+            self.encoder.close()
 
     @property
     def ready(self) -> bool:

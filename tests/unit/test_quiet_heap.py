@@ -46,10 +46,10 @@ async def until(condition, seconds: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def rule(releases: Releases) -> QuietUpkeep:
+def rule(releases: Releases, release_on_loop=None) -> QuietUpkeep:
     counter = Counter("releases", "releases", registry=CollectorRegistry())
     pacer = CollectionPacer(full_seconds=3600, heap=releases)
-    return QuietUpkeep(counter, release=releases, min_seconds=INTERVAL, pacer=pacer)
+    return QuietUpkeep(counter, release=releases, min_seconds=INTERVAL, pacer=pacer, release_on_loop=release_on_loop)
 
 
 def test_quiet_releases_at_once_then_at_most_once_per_interval_and_only_while_quiet() -> None:
@@ -115,5 +115,22 @@ def test_a_release_due_is_cancelled_by_close() -> None:
         assert due.cancelled() and heap._due is None
         heap.quiet()  # closed: nothing begins
         assert heap._due is None and heap._running is None
+
+    asyncio.run(scenario())
+
+
+def test_the_loops_own_heap_is_released_on_the_loop_after_the_workers_part_only_while_still_quiet() -> None:
+    async def scenario() -> None:
+        releases, on_loop = Releases(), []
+        heap = rule(releases, lambda: on_loop.append((threading.current_thread(), releases.count)) or True)
+        heap.quiet()
+        await until(lambda: releases.count == 1 and heap._running is None)
+        assert on_loop == [(threading.current_thread(), 1)]  # the loop's thread, after the worker's release
+        await asyncio.sleep(INTERVAL)
+        heap.quiet()  # released on the worker...
+        heap.busy()  # ...while a call arrived: the loop, busy again, is not held for its own heap
+        await until(lambda: releases.count == 2 and heap._running is None)
+        assert len(on_loop) == 1
+        heap.close()
 
     asyncio.run(scenario())
