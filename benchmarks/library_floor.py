@@ -9,7 +9,9 @@ has not made), the engine called with the turn's prompt ids, streamed
 at the gateway's default ``--engine-stream-interval`` and parsed event by event (aiohttp, orjson), one record
 of the new tokens and their log-probs acknowledged by Kafka (confluent-kafka, ``acks=all``, the step
 producer's settings, its delivery reports served by trajbus's ``Poller`` as the gateway's are), and a small
-JSON answer; Python's collector has the gateway's thresholds and frozen startup (``infra.collector``; the gateway
+JSON answer; it runs on the gateways' C allocator (mimalloc, preloaded, unless ``TRAJBUS_GATEWAY_ALLOCATOR=system``:
+``infra.allocator``), and Python's collector
+has the gateway's thresholds and frozen startup (``infra.collector``; the gateway
 also paces its collections while calls are in flight, the floor does not). It leaves out what
 trajbus adds: the chat template, checking the request, the trajectory's state on disk, the Step's
 checks and prefix encoding, metrics.
@@ -26,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import os
 from functools import partial
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -39,7 +42,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from tokenizers import Tokenizer
 
-from trajbus.gateway.config import GatewaySettings
+from trajbus.gateway.config import ENV_PREFIX, GatewaySettings
+from trajbus.infra.allocator import MIMALLOC, preloaded
 from trajbus.infra.clients import acked_producer
 from trajbus.infra.collector import tune_for_serving
 from trajbus.infra.topics import TopicSpec, ensure_topics
@@ -127,7 +131,8 @@ def floor_process(port: int, engine: str, bootstrap_servers: str, prompts_file: 
     """The stand-in as a child process (not yet started); ready when ``/ready`` answers."""
     return ServiceProcess(["--port", str(port), "--engine", engine, "--bootstrap-servers", bootstrap_servers,
                            "--prompts", str(prompts_file), "--tokenizer", str(model_dir)], log_file,
-                          module="benchmarks.library_floor")
+                          env=preloaded(os.environ, os.environ.get(f"{ENV_PREFIX}ALLOCATOR", MIMALLOC) == MIMALLOC),
+                          module="benchmarks.library_floor")  # the gateways' allocator (TRAJBUS_GATEWAY_ALLOCATOR)
 
 
 def main(argv: list[str] | None = None) -> None:
