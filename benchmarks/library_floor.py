@@ -9,8 +9,8 @@ has not made), the engine called with the turn's prompt ids, streamed
 at the gateway's default ``--engine-stream-interval`` and parsed event by event (aiohttp, orjson), one record
 of the new tokens and their log-probs acknowledged by Kafka (confluent-kafka, ``acks=all``, the step
 producer's settings, its delivery reports served by trajbus's ``Poller`` as the gateway's are), and a small
-JSON answer; it runs on the gateways' C allocator (mimalloc, preloaded, unless ``TRAJBUS_GATEWAY_ALLOCATOR=system``:
-``infra.allocator``), and Python's collector
+JSON answer; it runs on the gateways' C allocator (the C library's, or mimalloc preloaded under
+``TRAJBUS_GATEWAY_ALLOCATOR=mimalloc``: ``infra.allocator``), and Python's collector
 has the gateway's thresholds and frozen startup (``infra.collector``; the gateway
 also paces its collections while calls are in flight, the floor does not). It leaves out what
 trajbus adds: the chat template, checking the request, the trajectory's state on disk, the Step's
@@ -131,7 +131,7 @@ def floor_process(port: int, engine: str, bootstrap_servers: str, prompts_file: 
     """The stand-in as a child process (not yet started); ready when ``/ready`` answers."""
     return ServiceProcess(["--port", str(port), "--engine", engine, "--bootstrap-servers", bootstrap_servers,
                            "--prompts", str(prompts_file), "--tokenizer", str(model_dir)], log_file,
-                          env=preloaded(os.environ, os.environ.get(f"{ENV_PREFIX}ALLOCATOR", MIMALLOC) == MIMALLOC),
+                          env=preloaded(os.environ, os.environ.get(f"{ENV_PREFIX}ALLOCATOR") == MIMALLOC),
                           module="benchmarks.library_floor")  # the gateways' allocator (TRAJBUS_GATEWAY_ALLOCATOR)
 
 

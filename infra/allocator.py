@@ -17,14 +17,15 @@ about 0.5 ms more CPU a call in ``benchmarks.gateway_bench``. At 96 KiB those st
 call are mapped (orjson's growing buffer), no CPU cost showed, and the RSS was 15.0 bytes a token. Another C
 library (musl, macOS) is left as it is.
 
-The gateway runs on mimalloc instead (``--allocator mimalloc``, the default): glibc serves the small blocks of a
-Rust ``tokenizers`` encode slowly from a heap that thousands of calls' long-lived blocks fragment (malloc was
-19.7 % of the gateway's CPU at 256 agents and 35.4 % at 4,096), where mimalloc's size-class pages do not care
+A gateway may run on mimalloc instead (``--allocator mimalloc``): glibc serves the small blocks of a Rust
+``tokenizers`` encode slowly from a heap that thousands of calls' long-lived blocks fragment (malloc was 19.7 % of
+the gateway's CPU at 256 agents and 35.4 % at 4,096), where mimalloc's size-class pages do not care
 (``benchmarks.arena_bench``: a 1.7k-token encode 0.744 ms on a clean glibc heap, 1.017 ms beside 4,096 agents'
-state, 0.474 and 0.488 ms under mimalloc). A C allocator is chosen before the process starts, so the gateway
-starts itself again with the ``cmeel-mimalloc`` wheel's library preloaded (``run_on``). The same threshold is
-given to mimalloc at that start (``MIMALLOC_LARGE_BLOCKS``), and the free heap is given back by its own
-collection.
+state, 0.474 and 0.488 ms under mimalloc). It keeps more, though: a page returns to the OS only when every block
+on it is free, where ``malloc_trim`` returns the free pages inside glibc's heap (``benchmarks.fleet_bench`` at
+4,096 agents: 2.99 against 3.72 ms a call, 10.6 against 7.7 bytes a context token). A C allocator is chosen
+before the process starts, so the gateway starts itself again with the ``cmeel-mimalloc`` wheel's library
+preloaded (``run_on``); the free heap is then given back by mimalloc's own collection.
 """
 
 from __future__ import annotations
@@ -57,10 +58,6 @@ def _glibc() -> ctypes.CDLL | None:
     return libc
 
 
-MIMALLOC_LARGE_BLOCKS = "MIMALLOC_ARENA_MAX_OBJECT_SIZE"
-"""mimalloc's option (KiB): blocks above it are mapped on their own and unmapped when freed, as glibc's fixed
-threshold does; in its arenas' pages, a context's array stayed mapped while any block beside it lived (4,096
-agents' 32k-token contexts: 1.10x their bytes of RSS, 1.02x mapped on their own, as under glibc)."""
 MIMALLOC, SYSTEM = "mimalloc", "system"
 ALLOCATORS = (MIMALLOC, SYSTEM)
 PRELOAD = "LD_PRELOAD"
@@ -88,14 +85,11 @@ def _preloads(env: Mapping[str, str]) -> list[str]:
 
 
 def preloaded(env: Mapping[str, str], mimalloc: bool = True) -> dict[str, str]:
-    """``env`` with mimalloc's library first in ``LD_PRELOAD`` (unchanged when the wheel is not installed) and its
-    large blocks mapped on their own (``MIMALLOC_LARGE_BLOCKS``, unless ``env`` sets it), or without it
-    (``mimalloc=False``): the environment of a child that should allocate with it, or not."""
+    """``env`` with mimalloc's library first in ``LD_PRELOAD`` (unchanged when the wheel is not installed), or
+    without it (``mimalloc=False``): the environment of a child that should allocate with it, or not."""
     library, env = mimalloc_library(), dict(env)
     others = [path for path in _preloads(env) if path != library]
     paths = [library, *others] if mimalloc and library is not None else others
-    if mimalloc and library is not None:
-        env.setdefault(MIMALLOC_LARGE_BLOCKS, str(LARGE_BLOCK_BYTES // 1024))
     if paths:
         env[PRELOAD] = ":".join(paths)
     else:
@@ -106,9 +100,12 @@ def preloaded(env: Mapping[str, str], mimalloc: bool = True) -> dict[str, str]:
 def run_on(allocator: str) -> None:
     """Start this process again, the same command, on ``allocator`` (mimalloc preloaded, or not) unless it runs on
     it already; returns only when it cannot (the wheel missing, or preloaded once and still not on it: a loader
-    that refused the library), after saying why."""
+    that refused the library), after saying why. Once on it, ``LD_PRELOAD`` no longer names mimalloc, so the
+    processes it starts (a local Ray, a tool) choose their own."""
     wanted = allocator == MIMALLOC
     if mimalloc_active() == wanted:
+        if PRELOAD in os.environ:
+            os.environ.update(preloaded({PRELOAD: os.environ.pop(PRELOAD)}, mimalloc=False))
         return
     library = mimalloc_library()
     if wanted and (library is None or library in _preloads(os.environ)):

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 
-from trajbus.infra.allocator import preloaded
 from trajbus.infra.local import free_port
 
 __all__ = ["ServiceProcess", "free_port", "gateway_process", "inference_server_process", "scripted_engine_process",
@@ -137,5 +136,5 @@ def gateway_process(bootstrap_servers: str, prefix: str, backends: list[str], to
         ["gateway", "--bootstrap-servers", bootstrap_servers, "--prefix", prefix,
          "--vllm-addresses", ",".join(backends), "--tokenizer-path", str(tokenizer_path), "--port", str(port),
          "--state-dir", str(state_dir), "--drain-delay", "0", *(extra or [])],
-        log_file, env=preloaded(os.environ),  # on its allocator from the start: no second start (infra.allocator)
+        log_file,
     )

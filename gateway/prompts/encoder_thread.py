@@ -8,7 +8,7 @@ that fragmented heap, each costs a walk of its bins. Measured with a 1.7k-token 
 on the event loop's, 1.20-1.27 ms on a thread of its own. In the gateway under ``perf``, glibc's malloc was
 19.7 % of its CPU at 256 agents and 35.4 % at 4,096, its callers mostly the encode (``docs/benchmarks.md``).
 
-Only a gateway on glibc (``--allocator system``) encodes here: under mimalloc, its default (``infra.allocator``),
+Only a gateway on glibc (``--allocator system``, the default) encodes here: under mimalloc (``infra.allocator``)
 the encode is as fast beside that state as on a clean heap (0.488 against 0.474 ms, ``benchmarks.arena_bench``),
 and the hand-off would cost about 60 us of CPU a call for nothing.
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from trajbus.infra.allocator import MIMALLOC_LARGE_BLOCKS, PRELOAD, mimalloc_library, preloaded
+from trajbus.infra.allocator import PRELOAD, mimalloc_library, preloaded
 
 PROBE = """
 import sys
@@ -57,8 +57,6 @@ def test_mimalloc_is_preloaded_first_and_once() -> None:
     library = mimalloc_library()
     assert library is not None and os.path.isfile(library)  # the wheel is one of trajbus's dependencies
     assert preloaded({})[PRELOAD] == library
-    assert preloaded({})[MIMALLOC_LARGE_BLOCKS] == "96"  # as glibc's threshold: large blocks mapped on their own
-    assert preloaded({MIMALLOC_LARGE_BLOCKS: "256"})[MIMALLOC_LARGE_BLOCKS] == "256"  # a user's setting is kept
     assert preloaded({PRELOAD: "/opt/other.so"})[PRELOAD] == f"{library}:/opt/other.so"
     assert preloaded(preloaded({PRELOAD: "/opt/other.so"}))[PRELOAD] == f"{library}:/opt/other.so"
     assert preloaded({PRELOAD: f"{library}:/opt/other.so"}, mimalloc=False)[PRELOAD] == "/opt/other.so"

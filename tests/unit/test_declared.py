@@ -26,7 +26,8 @@ COMPONENTS = [  # (settings class, its variables' prefix, the trajbus command wh
     (InferenceServerSettings, INFERENCE_ENV, "inference-server"),
 ]
 SAMPLES = {"vllm_addresses": "h:1", "default_channel": "val", "channels": "train,val", "channel_admission": "val.max_staleness=1",
-           "multi_turn": "render", "stale_action": "tag", "engine_streaming": "when-asked", "tracing": "otlp"}
+           "multi_turn": "render", "stale_action": "tag", "engine_streaming": "when-asked", "tracing": "otlp",
+           "allocator": "mimalloc"}
 
 
 def sample(f: dataclasses.Field, hint) -> str:
