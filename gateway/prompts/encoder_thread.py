@@ -19,24 +19,68 @@ straight back instead of competing for it with a busy event loop.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+import threading
+from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
 
 class EncoderThread:
-    """Runs one function at a time on a thread of its own, the caller blocked until it returns (or raises)."""
+    """Runs one function at a time on a thread of its own, the caller blocked until it returns (or raises).
+
+    The hand-off is two plain locks, one released by each side: a ``ThreadPoolExecutor``'s future, work item,
+    queue and condition cost 52 us of CPU a call where they cost 24 (in-process, an empty function)."""
 
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajbus-tokenize")
+        self._callers = threading.Lock()
+        """One call at a time: held by the caller from the hand-off to the outcome."""
+        self._called, self._answered = threading.Lock(), threading.Lock()
+        """Released by the caller once the call is set, by the thread once its outcome is: each starts held."""
+        self._called.acquire()
+        self._answered.acquire()
+        self._call: tuple[Callable[..., Any], tuple] | None = None
+        self._outcome: tuple[bool, Any] = (False, None)
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="trajbus-tokenize", daemon=True)
+        self._thread.start()
 
     def run(self, function: Callable[..., T], *args) -> T:
-        return self._pool.submit(function, *args).result()
+        with self._callers:
+            if self._closed:
+                raise RuntimeError("the encoder thread is closed")
+            self._call = (function, args)
+            self._called.release()
+            try:
+                self._answered.acquire()
+            except BaseException:  # interrupted: the call still ends on the thread; its outcome is not left over
+                self._answered.acquire()
+                raise
+            (returned, value), self._outcome = self._outcome, (False, None)
+        if returned:
+            return value
+        raise value
+
+    def _serve(self) -> None:
+        while True:
+            self._called.acquire()
+            call, self._call = self._call, None
+            if call is None:  # closed
+                return
+            function, args = call
+            try:
+                self._outcome = (True, function(*args))
+            except BaseException as exc:  # the caller's to raise
+                self._outcome = (False, exc)
+            self._answered.release()
 
     def close(self) -> None:
         """Ends the thread once what it runs returned; a ``run`` after it raises ``RuntimeError``."""
-        self._pool.shutdown(wait=True)
+        with self._callers:
+            if self._closed:
+                return
+            self._closed = True
+            self._called.release()  # no call set: the thread ends
+        self._thread.join()
 
 
 def inline(function: Callable[..., T], *args) -> T:
