@@ -12,7 +12,7 @@ random order), then times the same 1.7k-token encode (``fleet_bench``'s tool out
 - through ``gateway.prompts.encoder_thread.EncoderThread``, as the gateway ran it on glibc (the hand-off counted);
 
 each under glibc's malloc (this process) and under mimalloc (a child with it preloaded, ``infra.allocator``: the
-gateway's default, which encodes on the loop's thread). CPU per encode is the process's (``time.process_time``:
+gateway's ``--allocator mimalloc``, which encodes on the loop's thread). CPU per encode is the process's (``time.process_time``:
 both threads), per level of agents. Prints the table and writes benchmarks/results/arena.json. ``--agents
 256,4096`` by default; about 40 s.
 """
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
         Target(f"glibc: encode on the encoder thread at {glibc['agents']} agents / clean heap", "<= 1.1x",
                f"{glibc['encoder_thread_ms'] / clean:.2f}x ({glibc['encoder_thread_ms']:.3f} vs {clean:.3f} ms)",
                glibc["encoder_thread_ms"] <= 1.1 * clean),
-        Target(f"mimalloc (the gateway's): encode on the loop's thread at {mimalloc['agents']} agents / glibc's "
+        Target(f"mimalloc (--allocator mimalloc): encode on the loop's thread at {mimalloc['agents']} agents / glibc's "
                "clean heap", "<= 1.1x",
                f"{mimalloc['main_thread_ms'] / clean:.2f}x ({mimalloc['main_thread_ms']:.3f} vs {clean:.3f} ms)",
                mimalloc["main_thread_ms"] <= 1.1 * clean)], "Targets (issue 47, item 1: the encode's share)")}
