@@ -9,12 +9,13 @@ random order), then times the same 1.7k-token encode (``fleet_bench``'s tool out
 
 - on a clean heap, before any of it (the baseline);
 - on the loop's thread, beside the fleet's heap;
-- through ``gateway.prompts.encoder_thread.EncoderThread``, as the gateway ran it on glibc (the hand-off counted);
+- through ``gateway.prompts.encoder_thread.EncoderThread``, as the gateway runs it on glibc (the hand-off
+  counted);
 
 each under glibc's malloc (this process) and under mimalloc (a child with it preloaded, ``infra.allocator``: the
-gateway's ``--allocator mimalloc``, which encodes on the loop's thread). CPU per encode is the process's (``time.process_time``:
-both threads), per level of agents. Prints the table and writes benchmarks/results/arena.json. ``--agents
-256,4096`` by default; about 40 s.
+gateway's ``--allocator mimalloc``, which encodes on the loop's thread). CPU per encode is the process's
+(``time.process_time``: both threads), per level of agents. Prints the table and writes
+benchmarks/results/arena.json. ``--agents 256,4096`` by default; about 40 s.
 """
 
 from __future__ import annotations

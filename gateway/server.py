@@ -140,7 +140,7 @@ def serve(settings: GatewaySettings, sockets: list[socket.socket] | None = None)
     except ValueError as exc:  # no such folder, no tokenizer in it: before anything starts
         return refused(exc)
     if sockets is None:  # a fleet's instance is forked on it already
-        run_on(settings.allocator)  # the same command again, on its allocator; returns only when it cannot (saying why)
+        run_on(settings.allocator)  # the same command again on its allocator, unless it is on it (or cannot be)
     if settings.instances > 1:
         try:
             return GatewayFleet(settings, serve).run()

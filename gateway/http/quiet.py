@@ -11,8 +11,7 @@ few hundred MB): it runs on a worker thread and begins only when no call is in f
 phase, when an RL trainer takes over), so only a call arriving meanwhile may wait for it; at most every
 ``MIN_SECONDS``, it cost nothing measurable in ``benchmarks.gateway_bench`` (the pages a later burst touches are
 mapped again). Under mimalloc (``infra.allocator``) each thread's heap is collected only by its owner, so the
-event loop's own free pages are given back on the loop, once the worker's part is done, if still quiet (7 ms
-for 1.5 GB of heap at 4,096 agents).
+event loop's own free pages are given back on the loop, once the worker's part is done, if still quiet.
 """
 
 from __future__ import annotations
