@@ -95,7 +95,7 @@ def measure(levels: list[int]) -> dict:
 
 
 def on_mimalloc(levels: list[int]) -> dict:
-    """``measure`` in a child process with mimalloc preloaded, as the gateway runs by default."""
+    """``measure`` in a child process with mimalloc preloaded, as ``--allocator mimalloc`` runs the gateway."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "mimalloc.json"
         subprocess.run([sys.executable, "-m", "benchmarks.arena_bench", "--agents", ",".join(map(str, levels)),

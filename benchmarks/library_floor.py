@@ -46,6 +46,7 @@ from trajbus.gateway.config import ENV_PREFIX, GatewaySettings
 from trajbus.infra.allocator import MIMALLOC, preloaded
 from trajbus.infra.clients import acked_producer
 from trajbus.infra.collector import tune_for_serving
+from trajbus.infra.declared import env_var
 from trajbus.infra.topics import TopicSpec, ensure_topics
 from trajbus.pipelines.processes import ServiceProcess
 from trajbus.streams.client.delivery import Acks, DeliveryError, Poller, resolve
@@ -131,7 +132,7 @@ def floor_process(port: int, engine: str, bootstrap_servers: str, prompts_file: 
     """The stand-in as a child process (not yet started); ready when ``/ready`` answers."""
     return ServiceProcess(["--port", str(port), "--engine", engine, "--bootstrap-servers", bootstrap_servers,
                            "--prompts", str(prompts_file), "--tokenizer", str(model_dir)], log_file,
-                          env=preloaded(os.environ, os.environ.get(f"{ENV_PREFIX}ALLOCATOR") == MIMALLOC),
+                          env=preloaded(os.environ, os.environ.get(env_var(ENV_PREFIX, "allocator")) == MIMALLOC),
                           module="benchmarks.library_floor")  # the gateways' allocator (TRAJBUS_GATEWAY_ALLOCATOR)
 
 
