@@ -25,6 +25,7 @@ import orjson
 
 from trajbus.gateway.prompts.encoder_thread import inline
 from trajbus.gateway.prompts.token_ids import TokenIds, packed
+from trajbus.streams.wire.token_prefix import begins_with
 
 CUMULATIVE, RENDER = "cumulative", "render"
 MULTI_TURN_MODES = (CUMULATIVE, RENDER)
@@ -162,4 +163,4 @@ class PromptBuilder:
             if ids is not None:
                 return Prompt(ids, False)
         ids = self.render(messages, tools)
-        return Prompt(ids, bool(context_ids) and ids[:len(context_ids)] != context_ids)
+        return Prompt(ids, bool(context_ids) and not begins_with(ids, context_ids))

@@ -65,6 +65,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from trajbus.gateway.prompts.token_ids import TokenIds, packed
 from trajbus.gateway.state.commits import Checkpointer, GroupCommit
 from trajbus.gateway.state.snapshots import Snapshots
+from trajbus.streams.wire.token_prefix import begins_with
 
 T = TypeVar("T")
 log = logging.getLogger("trajbus.gateway")
@@ -157,7 +158,7 @@ def _unpack(blob: bytes | None) -> list[int] | None:
 
 def _kept(before: Sequence | None, after: Sequence) -> int:
     """How much of the previous state the new one starts with: all of it, or (a new segment) none."""
-    return len(before) if before and after[:len(before)] == before else 0
+    return len(before) if before and begins_with(after, before) else 0
 
 
 def _acknowledged(blob: bytes | None, published: int) -> list[int] | None:

@@ -28,6 +28,7 @@ import numpy as np
 from cachetools import LRUCache
 
 from trajbus.streams.wire.records import ReadyGroup, Step
+from trajbus.streams.wire.token_prefix import begins_with
 
 Tokens = Union[np.ndarray, array, list[int]]
 """A context as it is kept: a reader's are numpy; a writer's are the caller's kind (``array('I')`` or a list)."""
@@ -125,7 +126,7 @@ class PrefixEncoder:
 
     It keeps a context in the caller's kind: a token array (``array('I')``, 4 bytes a token, as the gateway
     holds them) or a list (pointers to the caller's ints, 8 bytes a token). An agent's next prompt is usually
-    that context extended, which one C-speed comparison confirms, so a step costs its new tokens, not its
+    that context extended, which one C-speed comparison in place confirms, so a step costs its new tokens, not its
     context."""
 
     def __init__(self, max_bytes: int = DEFAULT_MEMORY_BYTES, keyframe_every: int = KEYFRAME_EVERY) -> None:
@@ -139,9 +140,7 @@ class PrefixEncoder:
         if not recent:
             return 0
         context = recent[-1].tokens
-        head = step.prompt_ids[:len(context)]
-        same = head == context if isinstance(context, array) else list(head) == context  # an array: a memcmp
-        return len(context) if len(head) == len(context) and same else 0
+        return len(context) if begins_with(step.prompt_ids, context) else 0  # arrays: compared in place
 
     def delta(self, step: Step) -> StepDelta:
         """``step`` as it goes on the wire; it becomes the base the trajectory's next step may extend."""
